@@ -1,0 +1,37 @@
+# kdlab: the two commands are `make study` (the embedded default study) and `make test`.
+# The environment lives in .venv/ and is (re)created on first use.
+# GPU users: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" ...
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+PARAMS ?= params/quick.yaml
+WORKERS ?= 2
+
+.PHONY: study teachers test test-fast bench clean-outputs env
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH_SPEC)
+	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+env: $(VENV)/.installed
+
+study: env
+	$(VENV)/bin/kdlab study $(PARAMS) --workers $(WORKERS)
+
+teachers: env
+	$(VENV)/bin/kdlab teachers $(PARAMS)
+
+test: env
+	$(PY) -m pytest -q
+
+bench: env
+	$(PY) -m pip install --quiet -e ".[bench]"
+	$(PY) benchmarks/bench_distill.py
+
+clean-outputs:
+	rm -rf outputs/*/ && touch outputs/.gitkeep

@@ -1,0 +1,57 @@
+"""Turning token lists into padded batches, and the forward pass over prompt + response.
+
+Layout used everywhere: prompts LEFT-padded to a common width P, responses RIGHT-padded to a
+common width R, so that the response starts at column P for every row. Position ids skip the
+left padding, so a row's logits do not depend on how much padding it got.
+"""
+from __future__ import annotations
+
+import torch
+
+from .tokenizer import PAD_ID
+
+
+def pad_left(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) long ids and (B, P) bool mask, left-padded with <pad>."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s):] = True
+    return ids, mask
+
+
+def pad_right(seqs: list[list[int]], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, R) long ids and (B, R) bool mask, right-padded with <pad>."""
+    width = max(1, max(len(s) for s in seqs)) if width is None else width
+    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        s = s[:width]
+        if s:
+            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, :len(s)] = True
+    return ids, mask
+
+
+def positions(mask: torch.Tensor) -> torch.Tensor:
+    """Position ids (B, L) that count only real tokens (0 for left padding)."""
+    return (mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def response_logits(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: torch.Tensor,
+                    response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Logits that predict each response token: (B, R, V).
+
+    prompt (B, P) left-padded, response (B, R) right-padded. Row b's logit at response column r
+    is the model's next-token distribution after prompt_b + response_b[:r].
+    """
+    ids = torch.cat([prompt, response], dim=1)  # (B, P+R)
+    # Keep padding inside the response attendable-but-irrelevant: masked positions never feed a
+    # kept position because padding only follows a row's last real token.
+    mask = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
+    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=False)
+    width = prompt.shape[1]
+    return out.logits[:, width - 1: width - 1 + response.shape[1]]  # (B, R, V)

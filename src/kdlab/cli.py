@@ -1,0 +1,106 @@
+"""The ``kdlab`` command line: ``kdlab teachers|distill|study|grid ...`` (also ``python -m kdlab``)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import read_yaml
+
+
+def _overrides(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"kdlab: --set expects KEY=VALUE, got {pair!r}")
+        k, v = pair.split("=", 1)
+        out[k] = read_yaml(v)
+    return out
+
+
+def _outputs_root(args) -> Path:
+    return Path(args.outputs).resolve()
+
+
+def cmd_teachers(args) -> int:
+    from .config import load_profile
+    from .teachers import model_paths, model_table
+    from .report_tables import format_table
+
+    profile = load_profile(args.params, _overrides(args.set))
+    paths = model_paths(profile, _outputs_root(args) / "models")
+    rows = model_table(profile, paths)
+    out = _outputs_root(args) / profile.name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "models.json").write_text(json.dumps(rows, indent=2))
+    print(format_table(rows, ["model", "task", "accuracy", "probe_mean", "n_params", "train_s"]))
+    print(f"written: {out / 'models.json'}")
+    return 0
+
+
+def cmd_distill(args) -> int:
+    from .config import load_profile
+    from .runs import execute_run, run_config_from
+
+    profile = load_profile(args.params, _overrides(args.set))
+    cfg = run_config_from(profile, task=args.task, policy=args.policy, lam=args.lam, kl=args.kl, lr=args.lr, seed=args.seed)
+    out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "runs" / cfg.run_id
+    metrics = execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models", save_student=args.save_student)
+    print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=2))
+    return 0
+
+
+def cmd_study(args) -> int:
+    from .study import run_study
+
+    return run_study(args.params, outputs=_outputs_root(args), workers=args.workers, overrides=_overrides(args.set),
+                     progress=not args.quiet)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="kdlab", description=__doc__)
+    parser.add_argument("--outputs", default="outputs", help="outputs root (default: ./outputs)")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("teachers", help="build (or reuse) the student base and task teachers; print their table")
+    p.add_argument("params")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter (dotted key)")
+    p.set_defaults(fn=cmd_teachers)
+
+    p = sub.add_parser("distill", help="one distillation run; writes metrics.json and history")
+    p.add_argument("params")
+    p.add_argument("--task", default=None)
+    p.add_argument("--policy", default="off", choices=["off", "on", "lambda"])
+    p.add_argument("--lam", type=float, default=None)
+    p.add_argument("--kl", default="forward")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    p.add_argument("--save-student", action="store_true", help="save the distilled student checkpoint")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.set_defaults(fn=cmd_distill)
+
+    p = sub.add_parser("study", help="run a whole study profile: grid of run notebooks, results table, report")
+    p.add_argument("params")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.set_defaults(fn=cmd_study)
+
+    args = parser.parse_args(argv)
+    from .config import ConfigError
+    try:
+        return int(args.fn(args) or 0)
+    except ConfigError as e:
+        print(f"kdlab: invalid parameters: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"kdlab: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

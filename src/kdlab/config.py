@@ -1,0 +1,255 @@
+"""Study parameters: YAML files under ``params/`` loaded into dataclasses.
+
+Defaults live here, in one visible place; a profile YAML overrides what it names. Unknown keys,
+wrong types and out-of-range values are rejected with a ``ConfigError`` naming the key path,
+the value and the valid choices, before any work starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false. (YAML 1.1 reads `off`/`on`, the policy names, as bools.)"""
+
+
+_Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", __import__("re").compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def read_yaml(text: str) -> Any:
+    """Parse YAML with 1.2-style booleans (see ``_Loader``)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+class ConfigError(ValueError):
+    """A parameter file or override is invalid; the message names the key and the value."""
+
+
+def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, lo: float | None = None,
+       hi: float | None = None, factory: Any = None, doc: str = ""):
+    meta = {"choices": choices, "lo": lo, "hi": hi, "doc": doc}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+KL_KINDS = ("forward", "reverse", "jsd", "k1", "k2", "k3")
+POLICIES = ("off", "on")
+DTYPES = ("bf16", "fp32")
+FAMILIES = ("llama", "qwen2")
+TARGET_TASKS = ("countdown-3", "countdown-4", "countdown-4e", "kb-mc", "rules-mc")
+
+
+@dataclass
+class ModelSpec:
+    family: str = _f("llama", choices=FAMILIES)
+    size: str = _f("student-s", doc="a preset name from kdlab.models.PRESETS")
+    seed: int = _f(0, lo=0)
+
+
+@dataclass
+class PretrainSpec:
+    """Supervised training of a student base or a teacher (see kdlab.train)."""
+    steps: int = _f(2000, lo=1)
+    batch_size: int = _f(64, lo=1)
+    lr: float = _f(1e-3, lo=0.0, hi=1.0)
+    warmup: int = _f(100, lo=0)
+    probe_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each probe skill")
+    task_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each target task")
+    seed: int = _f(0, lo=0)
+
+
+@dataclass
+class DistillSpec:
+    steps: int = _f(150, lo=1)
+    batch_size: int = _f(32, lo=1)
+    temperature: float = _f(1.0, lo=1e-3, hi=10.0)
+    grad_clip: float | None = _f(1.0, lo=0.0, doc="max grad norm; null disables clipping")
+    dtype: str = _f("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
+    jsd_beta: float = _f(0.5, lo=0.0, hi=1.0)
+    logratio_clip: float | None = _f(5.0, lo=0.0)
+    plausibility_alpha: float | None = _f(0.1, lo=0.0, hi=1.0)
+    offpd_pool: int = _f(2048, lo=1, doc="teacher rollouts sampled once and reused (OffPD)")
+    warmup: int = _f(0, lo=0)
+    weight_decay: float = _f(0.0, lo=0.0)
+
+
+@dataclass
+class EvalSpec:
+    n_test: int = _f(200, lo=1, doc="held-out problems per target task")
+    n_probe: int = _f(100, lo=1, doc="held-out problems per probe skill")
+    pass_n: int = _f(16, lo=1, doc="samples per problem for pass@k")
+    pass_problems: int = _f(50, lo=1, doc="problems used for pass@k")
+    temperature: float = _f(1.0, lo=1e-3, hi=10.0)
+    harder: list[str] = _f(factory=list, doc="harder variants evaluated too (e.g. countdown-4e)")
+
+
+@dataclass
+class GridSpec:
+    tasks: list[str] = _f(factory=lambda: ["countdown-3"])
+    policies: list[str] = _f(factory=lambda: ["off", "on"])
+    lambdas: list[float] = _f(factory=list, doc="extra lambda-spectrum points (task: first of tasks)")
+    lambda_tasks: list[str] = _f(factory=lambda: ["countdown-3"])
+    kls: list[str] = _f(factory=lambda: ["forward", "reverse"])
+    lrs: list[float] = _f(factory=lambda: [1e-4, 5e-4])
+    seeds: list[int] = _f(factory=lambda: [0, 1])
+
+
+@dataclass
+class Profile:
+    name: str = _f("quick")
+    trace: str = _f("steps", choices=("direct", "steps", "search"), doc="countdown trace style")
+    student: ModelSpec = _f(factory=lambda: ModelSpec(size="student-s"))
+    teacher: ModelSpec = _f(factory=lambda: ModelSpec(size="teacher-s"))
+    student_pretrain: PretrainSpec = _f(factory=PretrainSpec)
+    teacher_pretrain: PretrainSpec = _f(factory=PretrainSpec)
+    distill: DistillSpec = _f(factory=DistillSpec)
+    eval: EvalSpec = _f(factory=EvalSpec)
+    grid: GridSpec = _f(factory=GridSpec)
+    data_seed: int = _f(0, lo=0)
+    threads: int = _f(0, lo=0, doc="torch threads per run; 0 = choose from cores and workers")
+
+
+def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Check (and lightly coerce) ``value`` against a type hint; returns (ok, value)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _type_ok(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, value
+        return isinstance(value, (int, float)) and not isinstance(value, bool), float(value) if isinstance(value, (int, float)) else value
+    if tp is str:
+        return isinstance(value, str), value
+    if origin is list:
+        if not isinstance(value, list):
+            return False, value
+        (arg,) = typing.get_args(tp)
+        out = []
+        for item in value:
+            ok, v = _type_ok(item, arg)
+            if not ok:
+                return False, value
+            out.append(v)
+        return True, out
+    return isinstance(value, tp), value
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, validating every key (recursively)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'params'}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {path + unknown[0]!r}; valid keys here: {sorted(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        key = path + name
+        tp, meta = hints[name], fields[name].metadata
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = from_dict(tp, value, key + ".")
+            continue
+        ok, value = _type_ok(value, tp)
+        if not ok:
+            raise ConfigError(f"{key}: {value!r} has the wrong type; expected {_type_name(tp)}")
+        _check_range(key, value, meta)
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    return obj
+
+
+def _check_range(key: str, value: Any, meta: Any) -> None:
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        if v is None:
+            continue
+        if meta.get("choices") and v not in meta["choices"]:
+            raise ConfigError(f"{key}: {v!r} is not a valid choice; choose from {list(meta['choices'])}")
+        if meta.get("lo") is not None and v < meta["lo"]:
+            raise ConfigError(f"{key}: {v!r} is below the minimum {meta['lo']}")
+        if meta.get("hi") is not None and v > meta["hi"]:
+            raise ConfigError(f"{key}: {v!r} is above the maximum {meta['hi']}")
+
+
+def validate_profile(p: Profile) -> Profile:
+    """Cross-field checks that single fields cannot express."""
+    from .models import PRESETS
+
+    for role in ("student", "teacher"):
+        size = getattr(p, role).size
+        if size not in PRESETS:
+            raise ConfigError(f"{role}.size: {size!r} is not a valid choice; choose from {sorted(PRESETS)}")
+    for t in p.grid.tasks + p.grid.lambda_tasks + p.eval.harder:
+        if t not in TARGET_TASKS:
+            raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {list(TARGET_TASKS)}")
+    for pol in p.grid.policies:
+        if pol not in POLICIES:
+            raise ConfigError(f"grid.policies: {pol!r} is not a valid choice; choose from {list(POLICIES)}")
+    for kl in p.grid.kls:
+        if kl not in KL_KINDS:
+            raise ConfigError(f"grid.kls: {kl!r} is not a valid choice; choose from {list(KL_KINDS)}")
+    for lam in p.grid.lambdas:
+        if not -3.0 <= lam <= 3.0:
+            raise ConfigError(f"grid.lambdas: {lam!r} is outside [-3, 3]")
+    for lr in p.grid.lrs:
+        if not 0 < lr < 1:
+            raise ConfigError(f"grid.lrs: {lr!r} must be in (0, 1)")
+    if not p.grid.seeds:
+        raise ConfigError("grid.seeds: must list at least one seed")
+    return p
+
+
+def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> Profile:
+    """Load and validate a profile YAML (plus dotted-key ``overrides``)."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"parameter file {path} does not exist")
+    try:
+        data = read_yaml(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, last = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    try:
+        return validate_profile(from_dict(Profile, data))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)

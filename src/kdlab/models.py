@@ -1,0 +1,109 @@
+"""Tiny Llama / Qwen2 models built from ``transformers`` configs, and checkpoint I/O.
+
+Every checkpoint kdlab writes is a normal Hugging Face directory (``config.json``,
+``model.safetensors``, the tokenizer files) plus ``kdlab.json`` with provenance. Its weights are
+identified by the SHA-256 of ``model.safetensors``; ``load_checkpoint`` checks it when asked to.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel,
+                          Qwen2Config, Qwen2ForCausalLM)
+
+from .tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
+
+FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+
+# Size presets: (hidden, layers, heads, kv_heads, mlp). Parameter counts are for VOCAB_SIZE=98
+# with tied embeddings, the same for both families up to Qwen2's attention biases.
+PRESETS: dict[str, dict[str, int]] = {
+    "nano": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, intermediate_size=192),
+    "student-s": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=384),
+    "student-m": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=576),
+    "teacher-s": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768),
+    "teacher-m": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768),
+}
+MAX_POSITIONS = 512
+
+
+def model_config(family: str, size: str | dict[str, int]):
+    """A ``LlamaConfig`` / ``Qwen2Config`` for a preset name or an explicit dict of sizes."""
+    if family not in FAMILIES:
+        raise ValueError(f"model family {family!r} is not one of {sorted(FAMILIES)}")
+    if isinstance(size, str):
+        if size not in PRESETS:
+            raise ValueError(f"model size {size!r} is not one of {sorted(PRESETS)}")
+        size = PRESETS[size]
+    cfg_cls, _ = FAMILIES[family]
+    return cfg_cls(vocab_size=VOCAB_SIZE, max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=True,
+                   pad_token_id=PAD_ID, bos_token_id=BOS_ID, eos_token_id=EOS_ID, rope_theta=10000.0,
+                   attn_implementation="sdpa", **size)
+
+
+def build_model(family: str, size: str | dict[str, int], seed: int = 0) -> PreTrainedModel:
+    """A freshly initialised causal LM (fp32), deterministic in ``seed``."""
+    cfg = model_config(family, size)
+    _, model_cls = FAMILIES[family]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = model_cls(cfg)
+    return model
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def file_sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_checkpoint(model: PreTrainedModel, directory: str | Path, meta: dict[str, Any] | None = None) -> str:
+    """Write an HF checkpoint atomically (temp dir + rename); returns the weights' SHA-256."""
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp", dir=directory.parent))
+    try:
+        model.save_pretrained(str(tmp), safe_serialization=True)
+        build_tokenizer().save_pretrained(str(tmp))
+        sha = file_sha256(tmp / "model.safetensors")
+        info = dict(meta or {}, sha256=sha, n_params=n_params(model), dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+        (tmp / "kdlab.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return sha
+
+
+def checkpoint_meta(directory: str | Path) -> dict[str, Any]:
+    path = Path(directory) / "kdlab.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def load_checkpoint(directory: str | Path, dtype: torch.dtype | None = None, expected_sha256: str | None = None,
+                    device: str | torch.device = "cpu") -> PreTrainedModel:
+    """Load an HF checkpoint directory; verify the weights' hash when ``expected_sha256`` is given."""
+    directory = Path(directory)
+    if not (directory / "config.json").exists():
+        raise FileNotFoundError(f"no Hugging Face checkpoint at {directory} (config.json missing)")
+    if expected_sha256 is not None:
+        got = file_sha256(directory / "model.safetensors")
+        if got != expected_sha256:
+            raise ValueError(f"checkpoint {directory}: weights sha256 {got} != expected {expected_sha256}")
+    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype or torch.float32)
+    return model.to(device).eval()

@@ -1,0 +1,158 @@
+"""One run, end to end: load the models, distil, evaluate, write ``metrics.json`` + history.
+
+Used by ``kdlab distill``, by the run notebook (``notebooks/10_run.ipynb``) and so by the study
+runner. Every file is written atomically (temp file + rename), metrics last, so a run directory
+holding ``metrics.json`` is a complete run.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import Profile
+from .data import ProblemPool
+from .distill import RunConfig, distill, offpd_rollouts
+from .evaluate import accuracy, pass_at_ks
+from .metrics import update_sparsity
+from .models import checkpoint_meta, load_checkpoint, save_checkpoint
+from .tasks import get_task, probe_tasks
+from .teachers import model_paths
+
+TRAIN_POOL = 5000  # distinct training problems a run draws its prompts from
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=float)
+    os.replace(tmp, path)
+
+
+def run_config_from(profile: Profile, *, task: str | None = None, policy: str = "off", lam: float | None = None,
+                    kl: str = "forward", lr: float | None = None, seed: int = 0) -> RunConfig:
+    """A RunConfig for one grid cell, taking the shared settings from ``profile.distill``."""
+    d = profile.distill
+    return RunConfig(task=task or profile.grid.tasks[0], policy=policy,
+                     lam=lam if lam is not None else (-1.0 if policy == "off" else 1.0), kl=kl,
+                     lr=lr if lr is not None else profile.grid.lrs[0], seed=seed, steps=d.steps,
+                     batch_size=d.batch_size, temperature=d.temperature, grad_clip=d.grad_clip, dtype=d.dtype,
+                     jsd_beta=d.jsd_beta, logratio_clip=d.logratio_clip, plausibility_alpha=d.plausibility_alpha,
+                     offpd_pool=d.offpd_pool, warmup=d.warmup, weight_decay=d.weight_decay, data_seed=profile.data_seed)
+
+
+def _key(*parts: Any) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, seed: int = 0) -> dict[str, float]:
+    """Held-out accuracy, pass@k, harder variants and probe scores of one model."""
+    ev = profile.eval
+    task = get_task(task_name, trace=profile.trace)
+    out: dict[str, float] = {}
+    test = task.problems("test", ev.n_test, seed=profile.data_seed)
+    out["accuracy"] = accuracy(model, task, test)
+    ks = tuple(k for k in (1, 10) if k <= ev.pass_n)
+    pk = pass_at_ks(model, task, test[:ev.pass_problems], n=ev.pass_n, ks=ks, temperature=ev.temperature, seed=seed)
+    for k, v in pk.items():
+        out[f"pass_at_{k}"] = v
+    for h in ev.harder:
+        if h != task_name and task_name.startswith("countdown"):
+            ht = get_task(h, trace=profile.trace)
+            out[f"{h}_accuracy"] = accuracy(model, ht, ht.problems("test", ev.n_test, seed=profile.data_seed))
+    scores = []
+    for p in probe_tasks():
+        s = accuracy(model, p, p.problems("test", ev.n_probe, seed=profile.data_seed))
+        out[f"probe_{p.skill}"] = s
+        scores.append(s)
+    out["probe_mean"] = sum(scores) / len(scores)
+    return out
+
+
+def base_evaluation(profile: Profile, student_dir: Path, task_name: str, cache_root: Path) -> dict[str, float]:
+    """The student base's evaluation, computed once per (base, task, eval settings) and cached."""
+    sha = checkpoint_meta(student_dir).get("sha256", str(student_dir))
+    path = cache_root / "base_eval" / f"{task_name}-{_key(sha, task_name, asdict(profile.eval), profile.trace, profile.data_seed)}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    model = load_checkpoint(student_dir)
+    result = evaluate_model(model, profile, task_name)
+    write_json_atomic(path, result)
+    return result
+
+
+def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teacher_dir: Path, task, pool: ProblemPool,
+                cache_root: Path):
+    """Teacher rollouts for OffPD, sampled once per (teacher, task, data seed, size, temperature)."""
+    sha = checkpoint_meta(teacher_dir).get("sha256", str(teacher_dir))
+    path = cache_root / "offpd" / f"{cfg.task}-{_key(sha, cfg.task, cfg.data_seed, cfg.offpd_pool, cfg.temperature, profile.trace, TRAIN_POOL)}.pt"
+    keys = {p.key: p for p in pool.problems}
+    if path.exists():
+        blob = torch.load(path, weights_only=False)
+        return [keys[k] for k in blob["keys"]], blob["responses"]
+    problems, responses = offpd_rollouts(teacher, task, pool, cfg.offpd_pool, cfg.temperature, seed=cfg.data_seed,
+                                         max_new_tokens=task.max_new_tokens)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    os.close(fd)
+    torch.save({"keys": [p.key for p in problems], "responses": responses}, tmp)
+    os.replace(tmp, path)
+    return problems, responses
+
+
+def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_root: str | Path,
+                save_student: bool = False, progress: bool = True, train_missing: bool = True) -> dict[str, Any]:
+    """Run one distillation end to end and write ``out_dir/{history.json,metrics.json}``."""
+    t0 = time.perf_counter()
+    out_dir, models_root = Path(out_dir), Path(models_root)
+    cache_root = models_root.parent / "cache"
+    paths = model_paths(profile, models_root, progress=progress, train=train_missing)
+    task = get_task(cfg.task, trace=profile.trace)
+    t_eval0 = time.perf_counter()
+    base = base_evaluation(profile, paths["student"], cfg.task, cache_root)
+    base_eval_s = time.perf_counter() - t_eval0
+    teacher = load_checkpoint(paths[cfg.task], dtype=torch.bfloat16)
+    student = load_checkpoint(paths["student"])
+    pool = ProblemPool(task, "train", TRAIN_POOL, seed=cfg.data_seed)
+    t_off0 = time.perf_counter()
+    offpd = offpd_cache(profile, cfg, teacher, paths[cfg.task], task, pool, cache_root) if cfg.policy == "off" else None
+    offpd_s = time.perf_counter() - t_off0
+    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    before = {k: v.detach().to(dtype).clone() for k, v in student.named_parameters()}
+    result = distill(student, teacher, task, cfg, offpd=offpd, pool=pool, progress=progress)
+    t_ev = time.perf_counter()
+    after = evaluate_model(student, profile, cfg.task, seed=cfg.seed)
+    eval_s = time.perf_counter() - t_ev
+    probes = [k for k in after if k.startswith("probe_") and k != "probe_mean"]
+    metrics: dict[str, Any] = {
+        "run_id": cfg.run_id, "task": cfg.task, "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr,
+        "seed": cfg.seed, "dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "steps": cfg.steps,
+        "batch_size": cfg.batch_size, "temperature": cfg.temperature,
+        **after,
+        **{f"base_{k}": v for k, v in base.items()},
+        "forgetting": after["probe_mean"] - base["probe_mean"],
+        **{f"forgetting_{k.removeprefix('probe_')}": after[k] - base[k] for k in probes},
+        "sparsity": update_sparsity(before, student),
+        "sparsity_dtype": cfg.dtype,
+        "collapsed": result.collapsed, "collapse_step": result.collapse_step,
+        "steps_done": len(result.history),
+        "final_loss": result.history[-1]["loss"] if result.history else float("nan"),
+        "wall_s": time.perf_counter() - t0,
+        "time_rollout_s": result.phase_s.get("rollout", 0.0) + offpd_s, "time_step_s": result.phase_s.get("step", 0.0),
+        "time_eval_s": eval_s + base_eval_s,
+    }
+    write_json_atomic(out_dir / "history.json", result.history)
+    if save_student:
+        save_checkpoint(student, out_dir / "student", {"run": asdict(cfg)})
+    write_json_atomic(out_dir / "config.json", asdict(cfg))
+    write_json_atomic(out_dir / "metrics.json", metrics)
+    return metrics

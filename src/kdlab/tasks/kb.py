@@ -1,0 +1,182 @@
+"""Knowledge-base multiple choice, ``kb-mc`` (tag ``k``): the MedReason stand-in.
+
+Multi-hop reasoning over facts that only a model trained on this world knows.
+
+World
+    ``world_seed`` fixes a hidden knowledge base over ``N_ENTITIES = 20`` entities (the letters
+    ``a``..``t``) and three relations (the digits ``1``, ``2``, ``3``). Each relation is a random
+    permutation of the entities, so the world holds 20 * 3 = 60 facts of the form ``q -1-> x``.
+
+Question
+    A start entity, a relation path of 2 or 3 hops, and four candidate end entities labelled A-D
+    in the order they are printed. Prompt ``kq123?fmqz:`` reads: from ``q`` follow relation 1,
+    then 2, then 3; is the end ``f`` (A), ``m`` (B), ``q`` (C) or ``z`` (D)? The reference
+    completion ``q1x2m3z#B`` names every hop (so every fact used is visible to a student that is
+    distilled on teacher traces), then the letter. The score checks the letter only.
+
+Splits
+    The key is start + path (``q123``): 20 * (3**2 + 3**3) = 720 distinct questions, split by
+    ``split_of(key)`` (about 72 test questions). Test questions are new combinations, but their
+    single-hop facts are shared with training questions (each fact is used by dozens of keys).
+    The key does not depend on ``world_seed``, so every world has the same splits.
+
+Chance level and why the student base is weak
+    The options are the answer plus three distinct distractors drawn uniformly from the other
+    entities, in a uniformly shuffled order (both seeded from the world and the key). Relations
+    are permutations, so every end entity is a priori equally likely, and nothing in the format
+    points at the answer: without this world's facts the expected accuracy is 25%. The student
+    base is pretrained on the same format with another ``world_seed``: it knows how to follow a
+    path and pick a letter, but its chain ends at the wrong entity (right by accident with
+    probability 1/20), which is usually not among the options, so it guesses: about 25%.
+    A teacher trained on this world's traces can approach 100%.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from functools import cache
+from itertools import product
+
+from kdlab.tasks.base import (
+    ANSWER_MARK, PROMPT_END, SPLITS, Problem, Split, Task, final_answer, split_of,
+)
+
+ENTITIES = "abcdefghijklmnopqrst"
+RELATIONS = "123"
+HOPS = (2, 3)
+LETTERS = "ABCD"
+N_ENTITIES = len(ENTITIES)
+
+
+@cache
+def _keys_by_split() -> dict[str, tuple[str, ...]]:
+    """All keys (start + path) grouped by split; world independent."""
+    groups: dict[str, list[str]] = {s: [] for s in SPLITS}
+    for start in ENTITIES:
+        for hops in HOPS:
+            for path in product(RELATIONS, repeat=hops):
+                key = start + "".join(path)
+                groups[split_of(key)].append(key)
+    return {s: tuple(keys) for s, keys in groups.items()}
+
+
+def _check_int(value: object, name: str, minimum: int | None = None) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return value
+
+
+class KBTask(Task):
+    """2-3 hop relation paths over a hidden 20-entity knowledge base, four options A-D."""
+
+    name = "kb-mc"
+    tag = "k"
+    # trace: start + (relation, entity) per hop; then "#" and one letter
+    max_new_tokens = 1 + 2 * max(HOPS) + 2
+
+    def __init__(self, world_seed: int = 0) -> None:
+        self.world_seed = _check_int(world_seed, "world_seed")
+        rng = random.Random(f"kb-world:{world_seed}")
+        self._maps: dict[str, dict[str, str]] = {}
+        for relation in RELATIONS:
+            image = list(ENTITIES)
+            rng.shuffle(image)
+            self._maps[relation] = dict(zip(ENTITIES, image))
+
+    # ----- the world -------------------------------------------------------------------------
+    def world_facts(self) -> list[str]:
+        """The 60 facts of this world, e.g. ``"q -1-> x"`` (relation 1 maps q to x)."""
+        return [f"{e} -{r}-> {self._maps[r][e]}" for r in RELATIONS for e in ENTITIES]
+
+    def chain(self, start: str, path: str) -> list[str]:
+        """Entities visited from ``start`` along ``path``: length len(path) + 1."""
+        if len(start) != 1 or start not in ENTITIES:
+            raise ValueError(f"start must be one of {ENTITIES!r}, got {start!r}")
+        if not path or any(r not in RELATIONS for r in path):
+            raise ValueError(f"path must be a non-empty string over {RELATIONS!r}, got {path!r}")
+        visited = [start]
+        for relation in path:
+            visited.append(self._maps[relation][visited[-1]])
+        return visited
+
+    def trace(self, start: str, path: str) -> str:
+        """The hops as text: ``q1x2m3z`` = q -1-> x -2-> m -3-> z."""
+        visited = self.chain(start, path)
+        return visited[0] + "".join(r + e for r, e in zip(path, visited[1:]))
+
+    # ----- problems --------------------------------------------------------------------------
+    def problem_for_key(self, key: str) -> Problem:
+        """The problem of ``key`` = start + path (options and their order seeded by world+key)."""
+        if len(key) < 1 + min(HOPS) or len(key) > 1 + max(HOPS):
+            raise ValueError(f"key must be a start entity and a {HOPS} hop path, got {key!r}")
+        start, path = key[0], key[1:]
+        answer = self.chain(start, path)[-1]
+        rng = random.Random(f"kb-options:{self.world_seed}:{key}")
+        options = rng.sample([e for e in ENTITIES if e != answer], 3) + [answer]
+        rng.shuffle(options)
+        letter = LETTERS[options.index(answer)]
+        prompt = f"{self.tag}{start}{path}?{''.join(options)}{PROMPT_END}"
+        data = {"world_seed": self.world_seed, "start": start, "path": path,
+                "options": "".join(options), "answer_entity": answer, "answer": letter}
+        return Problem(task=self.name, key=key, prompt=prompt, data=data)
+
+    def capacity(self, split: Split) -> int:
+        return len(_keys_by_split()[split])
+
+    def problems(self, split: Split, count: int, seed: int = 0) -> list[Problem]:
+        """``count`` distinct problems of ``split``, in an order fixed by ``seed``."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        _check_int(count, "count", 0)
+        _check_int(seed, "seed")
+        keys = list(_keys_by_split()[split])
+        if count > len(keys):
+            raise ValueError(
+                f"count={count} exceeds the {len(keys)} {split} problems of {self.name}"
+            )
+        random.Random(f"{self.name}:{split}:{seed}").shuffle(keys)
+        return [self.problem_for_key(k) for k in keys[:count]]
+
+    @staticmethod
+    def parse_prompt(prompt: str) -> tuple[str, str, str]:
+        """(start, path, options) of a ``kb-mc`` prompt such as ``kq123?fmqz:``."""
+        body = prompt[1:-1] if len(prompt) >= 2 else ""
+        head, _, options = body.partition("?")
+        ok = (prompt[:1] == KBTask.tag and prompt.endswith(PROMPT_END) and len(options) == 4
+              and len(head) - 1 in HOPS and head[:1] in ENTITIES
+              and all(r in RELATIONS for r in head[1:]) and all(o in ENTITIES for o in options))
+        if not ok:
+            raise ValueError(f"prompt is not a {KBTask.name} prompt: {prompt!r}")
+        return head[0], head[1:], options
+
+    def solve(self, prompt: str) -> str:
+        """The completion this world's facts give for ``prompt`` (possibly another world's).
+
+        When the chain ends at an entity that is not among the options (a question from another
+        world), the letter is a guess fixed by a hash of (world_seed, prompt): that is how a model
+        that knows only this world fares on foreign questions, about 25% right.
+        """
+        start, path, options = self.parse_prompt(prompt)
+        end = self.chain(start, path)[-1]
+        if end in options:
+            letter = LETTERS[options.index(end)]
+        else:
+            digest = hashlib.sha256(f"kb-guess:{self.world_seed}:{prompt}".encode()).digest()
+            letter = LETTERS[digest[0] % len(LETTERS)]
+        return self.trace(start, path) + ANSWER_MARK + letter
+
+    def reference(self, problem: Problem, rng: random.Random) -> str:
+        """Trace + "#" + letter under this world (``rng`` unused: the trace is deterministic)."""
+        self._check_problem(problem)
+        return self.solve(problem.prompt)
+
+    def score(self, problem: Problem, completion: str) -> float:
+        """1.0 when the text after the last "#" is exactly the right letter, else 0.0."""
+        self._check_problem(problem)
+        return 1.0 if final_answer(completion) == problem.data["answer"] else 0.0
+
+    def _check_problem(self, problem: Problem) -> None:
+        if problem.task != self.name:
+            raise ValueError(f"problem.task must be {self.name!r}, got {problem.task!r}")

@@ -1,0 +1,145 @@
+"""Building the models a study needs: one student base and one teacher per target task.
+
+- The **student base** is pretrained on the seven probe skills and on the answer formats of the
+  target tasks: countdown traces at a small mixture weight (so it is weak but not at zero), and
+  kb-mc / rules-mc on a *different hidden world* (world_seed=1) than the teacher's (world 0), so
+  it knows the format but not the facts (near the 25% chance level of 4 options).
+- Each **teacher** is larger and trained on its task (world 0) and the probes.
+
+Models are cached under ``<root>/<role>-<hash>/`` where the hash covers everything that
+determines the weights (spec, schedule, mixture, trace style, code version); a second run reuses
+them, and an interrupted training resumes from its last ``.partial`` checkpoint.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import ModelSpec, PretrainSpec, Profile
+from .evaluate import accuracy
+from .models import build_model, checkpoint_meta, load_checkpoint, n_params, save_checkpoint
+from .tasks import get_task, probe_tasks
+from .tasks.base import Task
+from .train import SFTSchedule, sft
+
+REGIME_VERSION = 1  # bump when task formats or training code change the weights
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def student_mixture(profile: Profile, tasks: list[str]) -> list[tuple[Task, float]]:
+    sp = profile.student_pretrain
+    mix: list[tuple[Task, float]] = [(t, sp.probe_weight) for t in probe_tasks()]
+    for name in tasks:
+        world = 0 if name.startswith("countdown") else 1
+        mix.append((get_task(name, trace=profile.trace, world_seed=world), sp.task_weight))
+    return mix
+
+
+def teacher_mixture(profile: Profile, task: str) -> list[tuple[Task, float]]:
+    tp = profile.teacher_pretrain
+    return [(t, tp.probe_weight) for t in probe_tasks()] + [(get_task(task, trace=profile.trace), tp.task_weight)]
+
+
+def _describe(mix: list[tuple[Task, float]]) -> list[list[Any]]:
+    return [[t.name, getattr(t, "trace", None), getattr(t, "world_seed", None), w] for t, w in mix]
+
+
+def _model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) -> dict[str, Any]:
+    return {"role": role, "model": asdict(spec), "pretrain": asdict(pre), "mixture": _describe(mix),
+            "trace": trace, "regime_version": REGIME_VERSION}
+
+
+def base_tasks(profile: Profile) -> list[str]:
+    """Every target task the profile touches (the student base learns all their formats)."""
+    names = list(dict.fromkeys(profile.grid.tasks + profile.grid.lambda_tasks + profile.eval.harder))
+    return sorted(names)
+
+
+class ModelStore:
+    """Content-addressed cache of trained checkpoints under ``root``."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def path(self, role: str, key: dict[str, Any]) -> Path:
+        return self.root / f"{role}-{_digest(key)}"
+
+    def get_or_train(self, role: str, key: dict[str, Any], spec: ModelSpec, pre: PretrainSpec,
+                     mix: list[tuple[Task, float]], progress: bool = True, checkpoint_every: int = 500) -> Path:
+        final = self.path(role, key)
+        if (final / "config.json").exists():
+            return final
+        partial = final.with_name(final.name + ".partial")
+        model = build_model(spec.family, spec.size, seed=spec.seed)
+        sched = SFTSchedule(steps=pre.steps, batch_size=pre.batch_size, lr=pre.lr, warmup=pre.warmup, seed=pre.seed)
+        opt = torch.optim.AdamW(model.parameters(), lr=pre.lr, weight_decay=sched.weight_decay, betas=(0.9, 0.98))
+        start = 0
+        if (partial / "state.pt").exists():
+            state = torch.load(partial / "state.pt", weights_only=False)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            start = state["step"]
+
+        def save_partial(step: int, optimizer: torch.optim.Optimizer) -> None:
+            partial.mkdir(parents=True, exist_ok=True)
+            tmp = partial / "state.pt.tmp"
+            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
+            os.replace(tmp, partial / "state.pt")
+
+        t0 = time.perf_counter()
+        sft(model, mix, sched, desc=f"train {role}", progress=progress, start_step=start, optimizer=opt,
+            on_checkpoint=save_partial, checkpoint_every=checkpoint_every)
+        # Shipped and cached weights are bf16: distillation runs in bf16 and the teacher is frozen.
+        model.to(torch.bfloat16)
+        save_checkpoint(model, final, {"key": key, "train_s": round(time.perf_counter() - t0, 1)})
+        shutil.rmtree(partial, ignore_errors=True)
+        return final
+
+
+def model_paths(profile: Profile, root: str | Path, progress: bool = True, train: bool = True) -> dict[str, Path]:
+    """{"student": dir, "<task>": teacher dir, ...}: trains what is missing (unless ``train`` is
+    False, which raises FileNotFoundError naming the missing model)."""
+    store = ModelStore(root)
+    tasks = base_tasks(profile)
+    out: dict[str, Path] = {}
+    jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, tasks))]
+    for t in sorted(set(profile.grid.tasks + profile.grid.lambda_tasks)):
+        jobs.append((f"teacher-{t}", profile.teacher, profile.teacher_pretrain, teacher_mixture(profile, t)))
+    for role, spec, pre, mix in jobs:
+        key = _model_key(role, spec, pre, mix, profile.trace)
+        path = store.path(role, key)
+        if not (path / "config.json").exists() and not train:
+            raise FileNotFoundError(f"model {role} for profile {profile.name!r} is not built at {path}; run `kdlab teachers`")
+        out[role.removeprefix("teacher-")] = store.get_or_train(role, key, spec, pre, mix, progress=progress)
+    return out
+
+
+def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = None) -> list[dict[str, Any]]:
+    """Rows: model, task, held-out accuracy (greedy pass@1, test split), mean probe score."""
+    n_test = n_test or profile.eval.n_test
+    probes = probe_tasks()
+    probe_sets = {p.name: p.problems("test", profile.eval.n_probe, seed=profile.data_seed) for p in probes}
+    rows = []
+    for role, path in paths.items():
+        model = load_checkpoint(path)
+        probe_scores = {p.name: accuracy(model, p, probe_sets[p.name]) for p in probes}
+        tasks = base_tasks(profile) if role == "student" else [role]
+        for t in tasks:
+            task = get_task(t, trace=profile.trace)
+            acc = accuracy(model, task, task.problems("test", n_test, seed=profile.data_seed))
+            rows.append({"model": "student base" if role == "student" else "teacher", "task": t,
+                         "accuracy": acc, "probe_mean": sum(probe_scores.values()) / len(probe_scores),
+                         **probe_scores, "n_params": n_params(model), "path": str(path),
+                         "train_s": checkpoint_meta(path).get("train_s")})
+    return rows

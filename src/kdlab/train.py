@@ -1,0 +1,91 @@
+"""Supervised pretraining of student bases and task teachers on reference traces.
+
+This is how the embedded default makes its models: a mixture of tasks (target tasks and probe
+skills) with weights, next-token cross-entropy on completion tokens only, AdamW with warmup and
+cosine decay, fp32 master weights under bf16 autocast. Distillation lives in ``kdlab.distill``.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .batching import pad_left, pad_right, response_logits
+from .data import ProblemPool, completion_ids, prompt_ids
+from .tasks.base import Task
+
+
+@dataclass
+class SFTSchedule:
+    steps: int
+    batch_size: int
+    lr: float
+    warmup: int = 100
+    weight_decay: float = 0.01
+    min_lr_ratio: float = 0.1
+    seed: int = 0
+    pool_size: int = 20000
+    autocast_bf16: bool = True
+
+
+def lr_at(step: int, sched: SFTSchedule) -> float:
+    if step < sched.warmup:
+        return sched.lr * (step + 1) / sched.warmup
+    frac = (step - sched.warmup) / max(1, sched.steps - sched.warmup)
+    return sched.lr * (sched.min_lr_ratio + (1 - sched.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+
+def sft_loss(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
+    """Mean cross-entropy (nats/token) over completion tokens."""
+    p, pm = pad_left(prompts)
+    r, rm = pad_right(completions)
+    logits = response_logits(model, p, pm, r, rm)  # (B, R, V)
+    return F.cross_entropy(logits.float()[rm], r[rm])
+
+
+def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSchedule,
+        desc: str = "sft", progress: bool = True, start_step: int = 0,
+        optimizer: torch.optim.Optimizer | None = None, on_checkpoint=None, checkpoint_every: int = 0,
+        until: int | None = None) -> list[dict]:
+    """Train ``model`` in place on a weighted task mixture; returns the loss history.
+
+    ``on_checkpoint(step, optimizer)`` is called every ``checkpoint_every`` steps (resumability);
+    ``until`` stops early (the schedule still spans ``sched.steps``).
+    """
+    rng = random.Random(sched.seed * 1000 + start_step)
+    torch.manual_seed(sched.seed * 1000 + start_step)
+    pools = [ProblemPool(task, "train", sched.pool_size, seed=sched.seed + i) for i, (task, _) in enumerate(mixture)]
+    weights = [w for _, w in mixture]
+    if optimizer is None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=sched.lr, weight_decay=sched.weight_decay, betas=(0.9, 0.98))
+    model.train()
+    history = []
+    bar = tqdm(range(start_step, until or sched.steps), desc=desc, disable=not progress, initial=start_step, total=sched.steps)
+    ema = None
+    for step in bar:
+        picks = rng.choices(range(len(pools)), weights=weights, k=sched.batch_size)
+        prompts, comps = [], []
+        for k in picks:
+            prob = rng.choice(pools[k].problems)
+            prompts.append(prompt_ids(prob.prompt))
+            comps.append(completion_ids(pools[k].task.reference(prob, rng)))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, sched)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sched.autocast_bf16):
+            loss = sft_loss(model, prompts, comps)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        val = loss.item()
+        ema = val if ema is None else 0.98 * ema + 0.02 * val
+        history.append({"step": step, "loss": val})
+        bar.set_postfix(loss=f"{ema:.3f}")
+        if on_checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < sched.steps:
+            on_checkpoint(step + 1, optimizer)
+    model.eval()
+    return history

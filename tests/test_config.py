@@ -1,0 +1,79 @@
+import subprocess
+import sys
+
+import pytest
+
+from kdlab.config import ConfigError, Profile, from_dict, load_profile, read_yaml
+
+
+def write(tmp_path, text):
+    p = tmp_path / "p.yaml"
+    p.write_text(text)
+    return p
+
+
+def test_shipped_profiles_load(repo_root):
+    for path in sorted((repo_root / "params").glob("*.yaml")):
+        prof = load_profile(path)
+        assert isinstance(prof, Profile) and prof.name
+
+
+def test_off_on_are_strings_not_booleans(tmp_path):
+    prof = load_profile(write(tmp_path, "grid: {policies: [off, on]}\n"))
+    assert prof.grid.policies == ["off", "on"]
+    assert read_yaml("a: yes") == {"a": "yes"} and read_yaml("a: true") == {"a": True}
+
+
+def test_scientific_notation_floats(tmp_path):
+    prof = load_profile(write(tmp_path, "grid: {lrs: [1e-4, 5.0e-4]}\n"))
+    assert prof.grid.lrs == [1e-4, 5e-4]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("distil: {steps: 3}\n", "unknown key 'distil'"),
+    ("distill: {stepz: 3}\n", "unknown key 'distill.stepz'"),
+    ("distill: {steps: many}\n", "distill.steps: 'many' has the wrong type"),
+    ("distill: {steps: 0}\n", "distill.steps: 0 is below the minimum 1"),
+    ("distill: {dtype: fp16}\n", "distill.dtype: 'fp16' is not a valid choice; choose from ['bf16', 'fp32']"),
+    ("grid: {kls: [forward, sideways]}\n", "grid.kls: 'sideways' is not a valid choice"),
+    ("grid: {policies: [off, maybe]}\n", "grid.policies: 'maybe' is not a valid choice"),
+    ("grid: {tasks: [chess]}\n", "task 'chess'"),
+    ("grid: {lrs: [2.0]}\n", "grid.lrs: 2.0"),
+    ("student: {size: enormous}\n", "student.size: 'enormous' is not a valid choice"),
+    ("student: {family: gpt2}\n", "student.family: 'gpt2' is not a valid choice"),
+    ("[1, 2]\n", "expected a mapping"),
+    ("grid: {seeds: []}\n", "grid.seeds"),
+])
+def test_invalid_parameters_name_key_and_value(tmp_path, text, needle):
+    with pytest.raises(ConfigError) as err:
+        load_profile(write(tmp_path, text))
+    assert needle in str(err.value)
+    assert "p.yaml" in str(err.value)
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_profile(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_profile(write(tmp_path, "a: [1,\n"))
+
+
+def test_overrides_are_validated_too(tmp_path):
+    p = write(tmp_path, "name: x\n")
+    assert load_profile(p, {"distill.steps": 7}).distill.steps == 7
+    with pytest.raises(ConfigError, match="distill.steps"):
+        load_profile(p, {"distill.steps": -1})
+
+
+def test_cli_rejects_bad_params_before_work(tmp_path):
+    p = write(tmp_path, "distill: {stepz: 3}\n")
+    out = subprocess.run([sys.executable, "-m", "kdlab", "--outputs", str(tmp_path / "o"), "teachers", str(p)],
+                         capture_output=True, text=True, env={**__import__("os").environ, "PYTHONPATH": "src"})
+    assert out.returncode == 2
+    assert "distill.stepz" in out.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_from_dict_nested_unknown():
+    with pytest.raises(ConfigError, match="eval.bogus"):
+        from_dict(Profile, {"eval": {"bogus": 1}})

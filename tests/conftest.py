@@ -8,7 +8,8 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 sys.path.insert(0, str(REPO_ROOT / "src"))
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# One thread: on a shared 2-core machine, 2 torch threads per process oversubscribe and run ~20x slower.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -88,3 +88,22 @@ def test_bad_arguments(models):
         sample(student, [prompt_ids("a")], 0)
     with pytest.raises(ValueError, match="temperature"):
         sample(student, [prompt_ids("a")], 3, temperature=0.0)
+
+
+def test_custom_pad_and_stop_ids(models):
+    """Real tokenizers: another pad id, several stop ids (the first one met stops the row)."""
+    student, _ = models
+    prompts = [prompt_ids(p) for p in PROMPTS]
+    free = sample(student, prompts, 12, greedy=True, eos_id=-1)  # an id never sampled: nothing stops
+    row = free.token_lists()[0]
+    stop_a, stop_b = row[4], row[2]
+    ro = sample(student, prompts, 12, greedy=True, pad_id=7, eos_id=[stop_a, stop_b])
+    k = min(row.index(stop_a), row.index(stop_b))
+    assert ro.token_lists()[0] == row[:k + 1]
+    assert (ro.tokens[0, k + 1:] == 7).all() and not ro.mask[0, k + 1:].any()
+    ids, mask = pad_left([[5, 6], [5]], pad_id=9)
+    assert ids.tolist() == [[5, 6], [9, 5]] and mask.tolist() == [[True, True], [False, True]]
+    ids, _ = pad_right([[5, 6], [5]], pad_id=9)
+    assert ids.tolist() == [[5, 6], [5, 9]]
+    with pytest.raises(ValueError, match="eos_id"):
+        sample(student, prompts, 3, eos_id=[])

@@ -11,10 +11,10 @@ import torch
 from .tokenizer import PAD_ID
 
 
-def pad_left(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, P) long ids and (B, P) bool mask, left-padded with <pad>."""
+def pad_left(seqs: list[list[int]], pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) long ids and (B, P) bool mask, left-padded with ``pad_id`` (kdlab's <pad> by default)."""
     width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.bool)
     for i, s in enumerate(seqs):
         if s:
@@ -23,10 +23,10 @@ def pad_left(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, mask
 
 
-def pad_right(seqs: list[list[int]], width: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, R) long ids and (B, R) bool mask, right-padded with <pad>."""
+def pad_right(seqs: list[list[int]], width: int | None = None, pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, R) long ids and (B, R) bool mask, right-padded with ``pad_id`` (kdlab's <pad> by default)."""
     width = max(1, max(len(s) for s in seqs)) if width is None else width
-    ids = torch.full((len(seqs), width), PAD_ID, dtype=torch.long)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.bool)
     for i, s in enumerate(seqs):
         s = s[:width]

@@ -106,6 +106,80 @@ class GridSpec:
 
 
 @dataclass
+class RLVRSpec:
+    """GRPO from distilled checkpoints (kdlab.rlvr); see STUDY.md finding 11."""
+    enabled: bool = _f(False)
+    task: str = _f("countdown-4", choices=("countdown-3", "countdown-4", "countdown-4e"))
+    starts: list[str] = _f(factory=lambda: ["base", "off/forward/0", "off/reverse/0", "on/forward/0", "on/reverse/0"],
+                           doc="'base' or policy/kl/lr-index of distilled runs (first grid task, first seed)")
+    steps: int = _f(300, lo=1)
+    prompts_per_step: int = _f(16, lo=1)
+    group_size: int = _f(8, lo=2)
+    lr: float = _f(1e-5, lo=0.0, hi=1.0)
+    clip_eps: float = _f(0.2, lo=1e-3, hi=1.0)
+    kl_coef: float = _f(0.0, lo=0.0)
+    temperature: float = _f(1.0, lo=1e-3, hi=10.0)
+    inner_epochs: int = _f(1, lo=1)
+    dtype: str = _f("bf16", choices=DTYPES)
+    grad_clip: float | None = _f(1.0, lo=0.0)
+    eval_every: int = _f(25, lo=0)
+    n_eval: int = _f(200, lo=1)
+    collapse_window: int = _f(20, lo=1)
+    collapse_drop: float = _f(0.2, lo=0.0, hi=1.0)
+    seeds: list[int] = _f(factory=lambda: [0])
+
+
+@dataclass
+class StyleSpec:
+    """Incidental style transfer (kdlab.style); see STUDY.md finding 12."""
+    enabled: bool = _f(False)
+    task: str = _f("countdown-3", choices=("countdown-3", "countdown-4", "countdown-4e"))
+    alt_share: float = _f(0.5, lo=0.01, hi=0.99, doc="share of the style teacher's task weight on the instructed style")
+    n_test: int = _f(200, lo=1)
+
+
+REAL_KINDS = ("choice", "math")
+
+
+@dataclass
+class BenchmarkSpec:
+    """An evaluation-only file for forgetting (kdlab.tasks.real.load_benchmarks)."""
+    kind: str = _f("choice", choices=REAL_KINDS)
+    path: str = _f("", doc="local .jsonl / .json / .parquet file")
+    name: str = _f("", doc="benchmark name; '' = the file stem")
+    limit: int = _f(0, lo=0, doc="read only the first N rows; 0 = all")
+    max_new_tokens: int = _f(2048, lo=1)
+
+
+@dataclass
+class PretrainedTaskSpec:
+    """One target task at paper scale: data files and its fine-tuned, frozen teacher."""
+    name: str = _f("", doc="the name grid.tasks / grid.lambda_tasks use")
+    kind: str = _f("choice", choices=REAL_KINDS)
+    train: str = _f("", doc="training file; its 'train' split (split_of on a content hash) is used")
+    test: str = _f("", doc="held-out evaluation file (all rows); '' = the train file's 'test' split")
+    teacher: str = _f("", doc="local HF checkpoint directory of this task's teacher")
+    max_new_tokens: int = _f(2048, lo=1)
+
+
+@dataclass
+class PretrainedSpec:
+    """Paper scale: real checkpoints and datasets from local paths. student '' = toy models."""
+    student: str = _f("", doc="local HF checkpoint directory of the student base")
+    tasks: list[PretrainedTaskSpec] = _f(factory=list)
+    benchmarks: list[BenchmarkSpec] = _f(factory=list, doc="forgetting: out-of-distribution evaluation files")
+    n_benchmark: int = _f(0, lo=0, doc="problems per benchmark; 0 = all")
+    device: str = _f("auto", choices=("auto", "cpu", "cuda"))
+    gradient_checkpointing: bool = _f(True)
+    micro_batch_size: int = _f(0, lo=0, doc="rows per forward/backward (gradient accumulation); 0 = whole batch")
+    kl_chunk_size: int = _f(0, lo=0, doc="chunked full-vocabulary KL (kdlab.kl); 0 = off")
+    max_prompt_tokens: int = _f(1024, lo=1, doc="longer prompts are an error, not truncated")
+    teacher_system_prompt: str = _f("", doc="style experiment: a system prompt only the teacher sees")
+    ray_address: str = _f("", doc="run the grid on this Ray cluster ('auto', 'host:port'); '' = local workers")
+    gpus_per_run: float = _f(1.0, lo=0.0, doc="GPUs per run on Ray (0 on a CPU-only cluster regardless)")
+
+
+@dataclass
 class Profile:
     name: str = _f("quick")
     trace: str = _f("steps", choices=("direct", "steps", "search"), doc="countdown trace style")
@@ -116,6 +190,9 @@ class Profile:
     distill: DistillSpec = _f(factory=DistillSpec)
     eval: EvalSpec = _f(factory=EvalSpec)
     grid: GridSpec = _f(factory=GridSpec)
+    pretrained: PretrainedSpec = _f(factory=PretrainedSpec)
+    rlvr: RLVRSpec = _f(factory=RLVRSpec)
+    style: StyleSpec = _f(factory=StyleSpec)
     data_seed: int = _f(0, lo=0)
     threads: int = _f(0, lo=0, doc="torch threads per run; 0 = choose from cores and workers")
 
@@ -178,6 +255,11 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
         if dataclasses.is_dataclass(tp):
             kwargs[name] = from_dict(tp, value, key + ".")
             continue
+        if typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+            if not isinstance(value, list):
+                raise ConfigError(f"{key}: {value!r} has the wrong type; expected a list of mappings")
+            kwargs[name] = [from_dict(typing.get_args(tp)[0], item, f"{key}[{i}].") for i, item in enumerate(value)]
+            continue
         ok, value = _type_ok(value, tp)
         if not ok:
             raise ConfigError(f"{key}: {value!r} has the wrong type; expected {_type_name(tp)}")
@@ -208,9 +290,24 @@ def validate_profile(p: Profile) -> Profile:
         size = getattr(p, role).size
         if size not in PRESETS:
             raise ConfigError(f"{role}.size: {size!r} is not a valid choice; choose from {sorted(PRESETS)}")
+    pre = p.pretrained
+    if pre.student:
+        names = [t.name for t in pre.tasks]
+        if not names or len(set(names)) != len(names) or "" in names:
+            raise ConfigError(f"pretrained.tasks: needs at least one task, each with a unique non-empty name; got {names}")
+        for i, t in enumerate(pre.tasks):
+            for fld in ("train", "teacher"):
+                if not getattr(t, fld):
+                    raise ConfigError(f"pretrained.tasks[{i}].{fld}: must be a local path, got ''")
+        for i, b in enumerate(pre.benchmarks):
+            if not b.path:
+                raise ConfigError(f"pretrained.benchmarks[{i}].path: must be a local path, got ''")
+        valid = names
+    else:
+        valid = list(TARGET_TASKS)
     for t in p.grid.tasks + p.grid.lambda_tasks + p.eval.harder:
-        if t not in TARGET_TASKS:
-            raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {list(TARGET_TASKS)}")
+        if t not in valid:
+            raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {valid}")
     for pol in p.grid.policies:
         if pol not in POLICIES:
             raise ConfigError(f"grid.policies: {pol!r} is not a valid choice; choose from {list(POLICIES)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,10 +44,10 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
 class _Stepper:
     """One model with its own prompt and KV cache, fed one shared token per step."""
 
-    def __init__(self, model: torch.nn.Module, prompts: list[list[int]]):
+    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], pad_id: int = PAD_ID):
         self.model = model
         self.kw = _cache_kwarg(model)
-        ids, mask = pad_left(prompts)
+        ids, mask = pad_left(prompts, pad_id)
         self.mask = mask
         out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=True)
         self.cache = getattr(out, self.kw)
@@ -66,12 +67,15 @@ class _Stepper:
 def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], max_new_tokens: int, *,
            lam: float = 1.0, teacher: torch.nn.Module | None = None, teacher_prompts: list[list[int]] | None = None,
            temperature: float = 1.0, greedy: bool = False, logratio_clip: float | None = None,
-           plausibility_alpha: float | None = None, generator: torch.Generator | None = None) -> Rollout:
+           plausibility_alpha: float | None = None, generator: torch.Generator | None = None,
+           pad_id: int = PAD_ID, eos_id: int | Sequence[int] = EOS_ID) -> Rollout:
     """Sample one response per prompt under pi_lambda.
 
     ``student_prompts`` / ``teacher_prompts`` are token-id lists (with <s>); teacher prompts
     default to the student's. ``greedy`` takes the argmax of pi_lambda. Temperature divides
-    both models' logits before they are mixed.
+    both models' logits before they are mixed. ``pad_id`` fills prompt padding and the columns
+    after a row's stop; ``eos_id`` is the stop id, or several (real tokenizers: see
+    ``kdlab.hf.pad_id_of`` / ``kdlab.hf.stop_ids``); defaults are kdlab's char tokenizer's.
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -87,10 +91,13 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     if len(teacher_prompts) != len(student_prompts):
         raise ValueError("teacher_prompts and student_prompts differ in length")
     steppers = {}
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), dtype=torch.long)
+    if stops.numel() == 0:
+        raise ValueError("eos_id must name at least one stop id, got an empty sequence")
     if need_s:
-        steppers["s"] = _Stepper(student, student_prompts)
+        steppers["s"] = _Stepper(student, student_prompts, pad_id)
     if need_t:
-        steppers["t"] = _Stepper(teacher, teacher_prompts)
+        steppers["t"] = _Stepper(teacher, teacher_prompts, pad_id)
     B = len(student_prompts)
     done = torch.zeros(B, dtype=torch.bool)
     toks, ents, alive = [], [], []
@@ -107,18 +114,18 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
         if bool(bad.any()):
             logp = torch.nan_to_num(logp, nan=-math.inf)
             logp[bad] = -math.inf
-            logp[bad, EOS_ID] = 0.0
+            logp[bad, int(stops[0])] = 0.0
         p = logp.exp()
         ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
         if greedy:
             tok = logp.argmax(-1)
         else:
             tok = torch.multinomial(p, 1, generator=generator).squeeze(-1)
-        tok = torch.where(done, torch.full_like(tok, PAD_ID), tok)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         alive.append(~done)
         toks.append(tok)
         ents.append(torch.where(done, torch.zeros_like(ent), ent))
-        done = done | (tok == EOS_ID)
+        done = done | torch.isin(tok, stops)
         if bool(done.all()) or step == max_new_tokens - 1:
             break
         for st in steppers.values():

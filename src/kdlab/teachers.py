@@ -61,9 +61,10 @@ def _model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) -
 
 
 def base_tasks(profile: Profile) -> list[str]:
-    """Every target task the profile touches (the student base learns all their formats)."""
-    names = list(dict.fromkeys(profile.grid.tasks + profile.grid.lambda_tasks + profile.eval.harder))
-    return sorted(names)
+    """The target tasks the profile distils on (the student base learns their formats). Harder
+    variants (``eval.harder``) are left out on purpose: they measure generalisation."""
+    lam_tasks = profile.grid.lambda_tasks if profile.grid.lambdas else []
+    return sorted(set(profile.grid.tasks + lam_tasks))
 
 
 class ModelStore:
@@ -114,7 +115,7 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     tasks = base_tasks(profile)
     out: dict[str, Path] = {}
     jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, tasks))]
-    for t in sorted(set(profile.grid.tasks + profile.grid.lambda_tasks)):
+    for t in base_tasks(profile):
         jobs.append((f"teacher-{t}", profile.teacher, profile.teacher_pretrain, teacher_mixture(profile, t)))
     for role, spec, pre, mix in jobs:
         key = _model_key(role, spec, pre, mix, profile.trace)

@@ -1,0 +1,89 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # One distillation run
+#
+# The lab record of one grid cell: rollout policy x KL direction x learning rate x seed.
+# `kdlab.runs.execute_run` does the work (distil, evaluate, write `metrics.json` and
+# `history.json` atomically into the run directory); this notebook shows what it recorded.
+# The models must already be built (`00_teachers`, or `kdlab teachers`).
+
+# %% tags=["parameters"]
+params = "../params/tiny.yaml"  # profile YAML
+outputs = "../outputs"  # outputs root (models under outputs/models)
+overrides = {}  # dotted-key overrides applied on top of params
+task = "countdown-3"
+policy = "off"  # off | on | lambda
+lam = None  # lambda of the rollout policy (policy "lambda"); off = -1, on = +1
+kl = "forward"  # forward | reverse | jsd | k1 | k2 | k3
+lr = 1e-4
+seed = 0
+out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id>
+threads = 0  # torch threads (0: leave torch's default)
+recorded = False  # True: show the run's existing metrics.json instead of running it again (the study
+# runner sets it when a run finished but its notebook was interrupted before its last cell)
+
+# %%
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+import torch
+from IPython.display import display
+
+from kdlab.config import load_profile
+from kdlab.runs import execute_run, run_config_from
+
+if threads:
+    torch.set_num_threads(threads)
+sns.set_theme(style="whitegrid")
+profile = load_profile(params, overrides)
+cfg = run_config_from(profile, task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed)
+run_dir = Path(out_dir) if out_dir else Path(outputs).resolve() / profile.name / "runs" / cfg.run_id
+print(f"run {cfg.run_id} -> {run_dir}")
+
+# %%
+if recorded:
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    if metrics.get("run_id") != cfg.run_id:
+        raise ValueError(f"{run_dir / 'metrics.json'} is run {metrics.get('run_id')!r}, not {cfg.run_id!r}")
+    print("showing the metrics recorded by an earlier execution of this run")
+else:
+    metrics = execute_run(profile, cfg, run_dir, Path(outputs).resolve() / "models", progress=False,
+                          train_missing=False)
+
+# %% [markdown]
+# ## Metrics
+# Accuracies and probe scores are fractions; `forgetting` is the change of the mean probe score
+# (negative = forgot); `sparsity` is the share of parameters that did not move (bf16 steps).
+# The source of truth is `metrics.json` in the run directory.
+
+# %%
+scalars = {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
+display(pd.DataFrame({"value": scalars}))
+
+# %% [markdown]
+# ## Training curves
+
+# %%
+history = pd.DataFrame(json.loads((run_dir / "history.json").read_text()))
+curves = ["loss", "forward_kl", "reverse_kl", "grad_norm", "entropy", "length"]
+fig, axes = plt.subplots(2, 3, figsize=(12, 6), constrained_layout=True)
+for ax, name in zip(axes.flat, curves):
+    if name in history and history[name].notna().any():
+        ax.plot(history["step"], history[name], marker="o" if len(history) < 20 else None)
+    else:
+        ax.text(0.5, 0.5, "not recorded" + (" (teacher rollouts)" if name == "entropy" else ""),
+                ha="center", va="center", transform=ax.transAxes)
+    ax.set_title(name)
+    ax.set_xlabel("step")
+fig.suptitle(cfg.run_id + ("  (collapsed)" if metrics["collapsed"] else ""))
+plt.show()

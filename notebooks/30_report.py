@@ -1,0 +1,132 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Study report: rollout policy x KL direction x learning rate
+#
+# Every number below comes from the study's results table (`results.parquet`, one row per run,
+# collected from the runs' `metrics.json`) through `kdlab.results`. Accuracies, pass@k,
+# forgetting and sparsity are in percentage points; spreads are over seeds (mean ± sample std,
+# n runs). Gains are held-out accuracy after distillation minus the student base's.
+
+# %% tags=["parameters"]
+study_dir = "../outputs/tiny"  # outputs/<study>
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import seaborn as sns
+from IPython.display import Markdown, display
+
+from kdlab import results as R
+
+sns.set_theme(style="whitegrid", context="notebook")
+df = R.load_results(study_dir)
+models = R.load_models(study_dir)
+timing = R.load_timing(study_dir)
+runs = R.annotate(df)
+lrs = ", ".join(f"{lr:g}" for lr in sorted(df["lr"].unique()))
+display(Markdown(f"**{Path(study_dir).name}**: {len(df)} completed runs; tasks {', '.join(sorted(df['task'].unique()))}; "
+                 f"learning rates {lrs}; seeds {sorted(df['seed'].unique().tolist())}; "
+                 f"parameter dtype {', '.join(sorted(df['dtype'].astype(str).unique()))}."))
+failures = R.failed_runs(study_dir)
+if len(failures):
+    display(Markdown(f"**{len(failures)} runs failed** and are missing from every table below:"))
+    display(failures)
+
+# %% [markdown]
+# ## Accuracy by policy × KL × learning rate
+# Held-out accuracy (greedy pass@1) per grid cell, mean ± std over seeds (n runs).
+
+# %%
+display(R.wide(R.accuracy_table(df)))
+
+# %%
+grid = sns.catplot(data=runs, x="cell", y=runs["accuracy"] * 100, hue="lr_label", col="task", kind="bar",
+                   errorbar="sd", alpha=0.6, height=3.6, aspect=1.6, sharex=False)
+for ax, (task, d) in zip(grid.axes.flat, runs.groupby("task", sort=True)):
+    sns.stripplot(data=d, x="cell", y=d["accuracy"] * 100, hue="lr_label", dodge=True, palette="dark:black",
+                  size=4, ax=ax, legend=False)
+    ax.set_ylabel("held-out accuracy (points)")
+    ax.tick_params(axis="x", rotation=30)
+grid.legend.set_title("learning rate")
+plt.show()
+
+# %% [markdown]
+# ## Forgetting and sparsity by learning rate
+# Forgetting: change of the mean probe score (seven out-of-distribution skills), after minus
+# before distillation (negative = forgot). Sparsity: share of parameters whose change is below
+# 1e-6 (in the parameter dtype shown above).
+
+# %%
+display(R.wide(R.by_lr(df, "forgetting")))
+display(R.wide(R.by_lr(df, "sparsity")))
+
+# %%
+display(Markdown("By policy × KL:"))
+display(R.wide(R.by_lr(runs, "forgetting", within=("rollout", "kl"))))
+display(R.wide(R.by_lr(runs, "sparsity", within=("rollout", "kl"))))
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
+for ax, metric in zip(axes, ["forgetting", "sparsity"]):
+    sns.pointplot(data=runs, x="lr_label", y=runs[metric] * 100, hue="cell", errorbar="sd", dodge=0.4,
+                  linestyle="none", ax=ax)
+    sns.stripplot(data=runs, x="lr_label", y=runs[metric] * 100, hue="cell", dodge=True, alpha=0.4,
+                  legend=False, ax=ax)
+    ax.set(xlabel="learning rate", ylabel=f"{metric} (points)")
+plt.show()
+
+# %% [markdown]
+# ## Base vs teacher vs distilled
+# Held-out accuracy and mean probe score (points) of the student base, the task teacher
+# (from `models.json`) and the distilled students.
+
+# %%
+display(R.model_comparison(df, models))
+
+# %% [markdown]
+# ## Lambda spectrum and coverage
+# Rollouts from pi_lambda between the teacher (λ = -1, off-policy) and the student (λ = +1,
+# on-policy); pass@10 (coverage) where the study sampled at least 10 answers per problem.
+
+# %%
+spectrum = runs[runs["task"].isin(runs.loc[runs["policy"] == "lambda", "task"])]
+if spectrum["lam"].nunique() > 2:
+    display(R.wide(R.summarize(spectrum, "accuracy", ["task", "kl", "lam", "lr"])))
+    grid = sns.relplot(data=spectrum, x="lam", y=spectrum["accuracy"] * 100, hue="kl", style="lr_label",
+                       col="task", kind="line", errorbar="sd", marker="o", height=3.5, aspect=1.4)
+    grid.set_axis_labels("λ (−1 teacher rollouts … +1 student rollouts)", "held-out accuracy (points)")
+    plt.show()
+else:
+    print("no lambda-spectrum runs in this study")
+if df["pass_at_10"].notna().any():
+    display(R.wide(R.accuracy_table(df, "pass_at_10")))
+else:
+    print("pass@10 not measured (eval.pass_n < 10)")
+
+# %% [markdown]
+# ## Toy-regime acceptance checks
+# At the low learning rate: the mean gain over the four policy × KL cells on countdown-3
+# (>= 25 points) and its best cell's (>= 35), and every other target task's mean gain
+# (>= 20), each cell averaged over seeds.
+
+# %%
+checks = R.acceptance(df)
+print(R.format_acceptance(checks))
+display(checks)
+
+# %% [markdown]
+# ## Wall time per phase
+# Seconds summed over runs and workers: model training (`train_s` in models.json), rollouts,
+# distillation steps and evaluation (from the runs), and the notebook overhead (each run
+# notebook's wall time minus the run's own `wall_s`, plus kernel start-ups, from `timing.json`).
+
+# %%
+display(R.phase_times(df, models, timing))

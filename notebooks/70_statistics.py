@@ -1,0 +1,127 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Statistics: which knob matters, matched comparisons, and the findings scoreboard
+#
+# On the main grid (OffPD/OnPD x forward/reverse KL x learning rate, gradient clipping on):
+#
+# 1. **Which knob matters**: per metric an OLS ANOVA (type II) with factors policy, kl, lr (and
+#    task when there are several) and their interactions; each term's partial $\eta^2$ =
+#    SS_term / (SS_term + SS_residual).
+# 2. **Matched OnPD vs OffPD**: for every (task, kl, lr), paired t-tests across seeds (paired by
+#    seed), the mean difference with a 95% CI, Cohen's $d_z$, Holm correction per metric.
+# 3. **Seed variance** per configuration.
+# 4. **Mixed model** (statsmodels MixedLM) with task as grouping factor, when there are >= 2 tasks.
+# 5. **Findings scoreboard**: every numbered finding of STUDY.md with the statistic measured here
+#    and a verdict computed by the test written in `kdlab.analysis.findings` (shown in the table).
+
+# %% tags=["parameters"]
+study_dir = "../outputs/quick"  # folder holding results.parquet
+out_dir = ""  # default: <study_dir>/analysis/70_statistics
+metrics = ["accuracy", "forgetting", "sparsity", "pass_at_10"]
+alpha = 0.05  # significance level of the Holm-corrected paired tests
+gradients_csv = ""  # notebook 50's bound.csv; default: <study_dir>/analysis/50_gradients/bound.csv if present
+
+# %%
+import json
+
+import pandas as pd
+from IPython.display import Image, display
+
+from kdlab.analysis import findings, stats
+from kdlab.analysis.table import load_results, main_grid, notebook_out_dir, resolve_path
+from kdlab.analysis.explore import figure_png
+
+pd.set_option("display.max_colwidth", 200)
+OUT = notebook_out_dir(study_dir, "70_statistics", out_dir)
+df = load_results(study_dir)
+grid = main_grid(df)
+present = [m for m in metrics if m in grid.columns and grid[m].notna().any()]
+print(f"{len(df)} runs, {len(grid)} in the main grid; tasks {sorted(df.task.unique())}; metrics {present}")
+
+# %% [markdown]
+# ## 1. Which knob matters (partial eta squared)
+
+# %%
+anova = pd.concat([stats.anova_table(grid, m) for m in present], ignore_index=True)
+anova.to_csv(OUT / "anova.csv", index=False)
+knobs = stats.knob_table(grid, present)
+knobs.to_csv(OUT / "knob_table.csv")
+if not knobs.empty:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(1.6 + 1.3 * knobs.shape[1], 0.9 + 0.35 * knobs.shape[0]), dpi=90, layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(knobs.to_numpy(dtype=float), vmin=0, vmax=1, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(knobs.shape[1]), knobs.columns, rotation=30, ha="right")
+    ax.set_yticks(range(knobs.shape[0]), knobs.index)
+    for i in range(knobs.shape[0]):
+        for j in range(knobs.shape[1]):
+            v = knobs.iat[i, j]
+            if pd.notna(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 else "k", fontsize=8)
+    fig.colorbar(im, ax=ax, label="partial eta^2")
+    ax.set_title("which knob matters")
+    png = figure_png(fig)
+    (OUT / "knob_table.png").write_bytes(png)
+    display(Image(data=png))
+knobs.round(3)
+
+# %%
+anova.round(4)
+
+# %% [markdown]
+# ## 2. Matched OnPD - OffPD comparisons (paired by seed, Holm per metric)
+
+# %%
+paired = pd.concat([stats.paired_comparisons(grid, m, alpha=alpha) for m in present], ignore_index=True)
+paired.to_csv(OUT / "paired.csv", index=False)
+paired.round(4)
+
+# %% [markdown]
+# ## 3. Seed variance per configuration
+
+# %%
+seedvar = stats.seed_variance(df, present)
+seedvar.to_csv(OUT / "seed_variance.csv", index=False)
+config = [c for c in stats.CONFIG_COLUMNS if c in seedvar.columns and seedvar[c].notna().any()]
+shown = seedvar.assign(**{c: seedvar[c].astype(object).where(seedvar[c].notna(), "-") for c in config})
+shown.pivot_table(index=config, columns="metric", values="sd").round(4)
+
+# %% [markdown]
+# ## 4. Mixed model with task as grouping factor
+
+# %%
+mixed = {}
+for m in present:
+    res = stats.mixed_model(grid, m)
+    mixed[m] = {k: v for k, v in res.items() if k != "table"}
+    if res["status"] == "fit":
+        print(f"{m}: {res['formula']} | {res['reason']} | converged {res['converged']} | "
+              f"task variance {res['group_var']:.4g}" + (f" | warnings: {res['warnings']}" if res["warnings"] else ""))
+        res["table"].assign(metric=m).to_csv(OUT / f"mixed_{m}.csv", index=False)
+        display(res["table"].round(4))
+    else:
+        print(f"{m}: mixed model {res['status']}: {res['reason']}")
+_ = (OUT / "mixed_model.json").write_text(json.dumps(mixed, indent=2, default=str))
+
+# %% [markdown]
+# ## 5. Findings scoreboard
+# Each verdict is computed from the table by the test in the `test` column; "not run" says what
+# is missing.
+
+# %%
+grad_path = resolve_path(gradients_csv) if gradients_csv else resolve_path(study_dir) / "analysis" / "50_gradients" / "bound.csv"
+grad_table = pd.read_csv(grad_path) if grad_path.exists() else None
+print("gradient table:", grad_path if grad_table is not None else "none")
+board = findings.scoreboard(df, grad_table)
+board.to_csv(OUT / "scoreboard.csv", index=False)
+(OUT / "scoreboard.json").write_text(json.dumps(board.to_dict(orient="records"), indent=2))
+print(board["verdict"].value_counts().to_string())
+board

@@ -1,0 +1,488 @@
+"""One paper-scale distillation run on real checkpoints: one GPU, or sharded with FSDP2 over several.
+
+Run alone (``python -m kdlab.fsdp_run ...``, or ``run(cfg)`` from a Ray task) it trains on one
+device. Launched over N processes by ``accelerate`` it is for a run whose student (with AdamW
+state) and teacher do not fit on one GPU. Every process
+loads both checkpoints, then ``torch.distributed.fsdp.fully_shard`` shards each decoder layer
+and the rest of the model over all processes (the teacher too, unless ``shard_teacher`` is
+off); gradients are averaged over processes by FSDP. ``accelerate`` sets up the process group
+and the device (NCCL on GPUs, gloo with ``--cpu``).
+
+Data parallelism: every step draws one global batch of ``batch_size`` problems (identical on
+all ranks, from ``seed`` and the step) and rank r trains on its contiguous slice of
+``batch_size / world`` rows. The objective is the token mean of the KL over the whole global
+batch, exactly as with one process (each rank's loss is weighted by its share of the tokens),
+and the logged loss / KLs are global token means, identical on every rank.
+
+OffPD: a pool of ``offpd_pool`` teacher rollouts is sampled once at the start, in chunks with
+their own seeds spread over the ranks and then all-gathered, so the pool does not depend on the
+number of processes. OnPD / lambda: fresh pi_lambda rollouts every step (each rank samples its
+slice with its own generator).
+Sampling through sharded models is collective, so every rank runs exactly ``max_new_tokens``
+decoding steps (no early stop).
+
+GPU (8 GPUs on one node)::
+
+    accelerate launch --multi_gpu --num_processes 8 -m kdlab.fsdp_run \\
+        --student /path/to/Llama-3.2-1B-Instruct --teacher /path/to/Llama-3.1-8B-medreason-teacher \\
+        --task-kind choice --task-path /path/to/medreason_train.jsonl --out-dir outputs/fsdp/medreason-on-fkl \\
+        --policy on --kl forward --lr 1e-5 --steps 150 --batch-size 64 --max-new-tokens 2048
+
+After training, rank 0 gathers the student and evaluates it alone (the other processes exit):
+held-out accuracy, pass@k, benchmark scores for forgetting, update sparsity, and the same scores
+for the student base (cached across runs with ``base_eval_cache``).
+
+CPU check (what the tests run): ``python -m torch.distributed.run --nproc_per_node 2 -m
+kdlab.fsdp_run --cpu ...``. ``accelerate launch --cpu`` starts a single process unless MPI is
+configured, so the CPU test uses torch's launcher, which is the one ``accelerate launch
+--multi_gpu`` calls.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+import typing
+import hashlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .hf import (DistillBatch, check_same_vocab, encode_prompts, evaluate_benchmarks, forgetting, hf_accuracy, hf_pass_at_ks,
+                 hf_sample, kd_logits, load_pretrained, make_batch, pad_id_of, shared_vocab_size, stop_ids)
+from .kl import LOSS_KINDS, kl_loss, token_kl
+from .metrics import update_sparsity
+from .tasks.real import EVAL_ONLY, KINDS, RealTask, load_benchmarks, real_task
+
+
+@dataclass
+class FSDPRunConfig:
+    """One sharded distillation run (field names are the CLI flags, ``_`` -> ``-``)."""
+
+    student: str
+    teacher: str
+    task_kind: str
+    task_path: str
+    out_dir: str
+    policy: str = "off"  # off (lam=-1) | on (lam=+1) | lambda (lam as given)
+    lam: float = -1.0
+    kl: str = "forward"
+    lr: float = 1e-5
+    steps: int = 150
+    batch_size: int = 64  # global, a multiple of the number of processes
+    max_new_tokens: int = 2048
+    max_prompt_tokens: int = 0  # longer prompts are an error (0 = no limit)
+    temperature: float = 1.0
+    grad_clip: float | None = 1.0
+    dtype: str = "bf16"
+    seed: int = 0
+    data_seed: int = 0
+    offpd_pool: int = 2048  # a multiple of rollout_batch * number of processes
+    rollout_batch: int = 32  # prompts per OffPD sampling chunk
+    logratio_clip: float | None = 5.0
+    plausibility_alpha: float | None = 0.1
+    kl_chunk_size: int | None = None  # chunked full-vocabulary KL (memory), see kdlab.kl.kl_loss
+    jsd_beta: float = 0.5
+    sampled_direction: str = "reverse"  # for the sampled estimators k1 / k2 / k3
+    shard_teacher: bool = True
+    gradient_checkpointing: bool = False
+    micro_batch_size: int = 0  # rows per forward/backward on each process (0 = its whole slice)
+    save_student: bool = False
+    cpu: bool = False
+    threads: int = 0  # torch threads per process on CPU (0: cores / processes)
+    # Evaluation (rank 0, on the gathered student, after training; the other ranks exit first).
+    evaluate: bool = True
+    eval_path: str = ""  # held-out file, every row a test row; "" = the task file's "test" split
+    n_eval: int = 200  # held-out problems (0 = all)
+    pass_n: int = 0  # samples per problem for pass@1 / pass@10 (0 = off)
+    pass_problems: int = 50
+    benchmarks: list = field(default_factory=list)  # [{kind, path, name?, limit?, max_new_tokens?}]; CLI: JSON
+    n_benchmark: int = 0  # problems per benchmark (0 = all)
+    eval_batch_size: int = 16
+    eval_max_new_tokens: int = 0  # 0 = max_new_tokens
+    base_eval_cache: str = ""  # directory caching the student base's evaluation across runs ("" = no cache)
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("off", "on", "lambda"):
+            raise ValueError(f"policy must be 'off', 'on' or 'lambda', got {self.policy!r}")
+        self.lam = {"off": -1.0, "on": 1.0}.get(self.policy, self.lam)
+        if self.kl not in LOSS_KINDS:
+            raise ValueError(f"kl must be one of {list(LOSS_KINDS)}, got {self.kl!r}")
+        if self.task_kind not in KINDS:
+            raise ValueError(f"task_kind must be one of {list(KINDS)}, got {self.task_kind!r}")
+        for name in ("steps", "batch_size", "max_new_tokens", "offpd_pool", "rollout_batch"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        for name in ("max_prompt_tokens", "micro_batch_size", "n_eval", "pass_n", "pass_problems", "n_benchmark", "eval_max_new_tokens", "threads"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not isinstance(self.benchmarks, list):
+            raise ValueError(f"benchmarks must be a list of {{kind, path}} mappings, got {self.benchmarks!r}")
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The transformer blocks (HF lists their class names in ``_no_split_modules``)."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__} (no _no_split_modules)")
+    return layers
+
+
+def shard(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
+    """FSDP2: each decoder layer is one shard group, the rest (embeddings, norm, head) the root's."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in _decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float))
+    os.replace(tmp, path)
+
+
+def _sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    """Elementwise sum over all processes (identity when not distributed)."""
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+def _offpd_pool(cfg: FSDPRunConfig, teacher: torch.nn.Module, train: list, ids: "_PromptIds", rank: int,
+                world: int, sample_kw: dict[str, Any], device: torch.device) -> list[tuple[int, list[int]]]:
+    """``offpd_pool`` (problem index, teacher response) pairs, the same whatever the number of
+    processes (on one device type): chunk c of ``rollout_batch`` problems is sampled with its own
+    seed by rank c % world, then all chunks are gathered in order."""
+    import torch.distributed as dist
+
+    rng = random.Random(f"offpd:{cfg.data_seed}")
+    chosen = [rng.randrange(len(train)) for _ in range(cfg.offpd_pool)]
+    chunks = [chosen[i:i + cfg.rollout_batch] for i in range(0, len(chosen), cfg.rollout_batch)]
+    local = []
+    for c in range(rank, len(chunks), world):
+        gen = torch.Generator(device).manual_seed(cfg.data_seed * 1_000_003 + c)
+        ro = hf_sample(None, teacher, [ids[j] for j in chunks[c]], cfg.max_new_tokens, -1.0, generator=gen,
+                       **sample_kw)
+        local.append((c, list(zip(chunks[c], ro.token_lists()))))
+    if world > 1:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, local)
+        local = [item for part in gathered for item in part]
+    return [pair for _, part in sorted(local, key=lambda x: x[0]) for pair in part]
+
+
+class _PromptIds:
+    """Token ids of train problem j, encoded on first use (a training file may hold 10^6 rows)."""
+
+    def __init__(self, tok: Any, problems: list, max_tokens: int | None):
+        self.tok, self.problems, self.max_tokens = tok, problems, max_tokens
+        self.cache: dict[int, list[int]] = {}
+
+    def __getitem__(self, j: int) -> list[int]:
+        if j not in self.cache:
+            self.cache[j] = encode_prompts(self.tok, [self.problems[j].prompt], max_tokens=self.max_tokens)[0]
+        return self.cache[j]
+
+
+def _rows(batch: DistillBatch, i: int, j: int) -> DistillBatch:
+    return DistillBatch(*(getattr(batch, f.name)[i:j] for f in dataclasses.fields(batch)))
+
+
+def _step(student: torch.nn.Module, teacher: torch.nn.Module, batch: DistillBatch, opt: torch.optim.Optimizer,
+          cfg: FSDPRunConfig, vocab: int) -> dict[str, float]:
+    """One update on the token mean of the KL over the *global* batch, in micro-batches.
+
+    Micro-batch m on rank r contributes its token-mean KL times ``world * n_m / N`` (n_m its
+    response tokens, N the global total); FSDP averages gradients over ranks, so the summed
+    update is the gradient of the global token mean, as with one process and the whole batch.
+    Every rank runs the same backward passes (the same collectives); a non-finite global loss
+    then skips the update on all ranks alike.
+    """
+    device = batch.response.device
+    world = _world()
+    rows = batch.response.shape[0]
+    mb = cfg.micro_batch_size or rows
+    (n_total,) = _sum_over_ranks([float(batch.response_mask.sum())], device)
+    n_total = max(n_total, 1.0)
+    sums = [0.0, 0.0, 0.0]  # loss, forward KL, reverse KL, summed over this rank's tokens
+    student.train()
+    opt.zero_grad(set_to_none=True)
+    for i in range(0, rows, mb):
+        sub = _rows(batch, i, i + mb)
+        mask = sub.response_mask
+        s, t = kd_logits(student, teacher, sub, vocab)
+        loss = kl_loss(s, t, cfg.kl, mask, tokens=sub.response, beta=cfg.jsd_beta,
+                       sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size)
+        n_m = float(mask.sum())
+        with torch.no_grad():
+            sums[0] += float(loss.detach()) * n_m
+            sums[1] += float(token_kl(s.detach(), t, "forward", mask).sum())
+            sums[2] += float(token_kl(s.detach(), t, "reverse", mask).sum())
+        (loss * (world * n_m / n_total)).backward()
+        del s, t, loss
+    loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
+    out = {"loss": loss_sum / n_total, "forward_kl": fkl_sum / n_total, "reverse_kl": rkl_sum / n_total,
+           "length": n_total / cfg.batch_size, "grad_norm": float("nan")}
+    if math.isfinite(out["loss"]):
+        gnorm = torch.nn.utils.clip_grad_norm_(student.parameters(),
+                                               cfg.grad_clip if cfg.grad_clip is not None else math.inf)
+        out["grad_norm"] = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    student.eval()
+    return out
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def run(cfg: FSDPRunConfig) -> list[dict[str, Any]]:
+    """Run ``cfg`` in this process (one of ``world`` launched by accelerate / torchrun, or alone).
+
+    Writes ``out_dir/rank{r}.json`` (this rank's history) on every rank and, on rank 0, with
+    ``save_student`` ``out_dir/student/`` (an HF checkpoint of the full, gathered student),
+    ``out_dir/history.json`` and, last, ``out_dir/metrics.json``: the run's settings, training
+    summary and, with ``evaluate``, held-out accuracy (pass@k), benchmark scores, the same for
+    the student base (``base_*``), ``forgetting`` (benchmark mean after - before) and
+    ``sparsity`` (share of weights changed by less than 1e-6; in ``dtype``). Returns the history:
+    per step loss, forward_kl, reverse_kl (global token means), grad_norm (before clipping, of the
+    global objective) and length (mean response tokens), identical on all ranks.
+    """
+    from accelerate import Accelerator
+
+    t0 = time.perf_counter()
+    acc = Accelerator(cpu=cfg.cpu)
+    rank, world, device = acc.process_index, acc.num_processes, acc.device
+    if cfg.cpu:
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // world))
+    if cfg.batch_size % world:
+        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of the number of processes {world}")
+    if cfg.policy == "off" and cfg.offpd_pool % (cfg.rollout_batch * world):
+        raise ValueError(f"offpd_pool {cfg.offpd_pool} must be a multiple of rollout_batch * processes = "
+                         f"{cfg.rollout_batch} * {world}")
+    per_rank = cfg.batch_size // world
+    sharded = world > 1
+    torch.manual_seed(cfg.seed)
+
+    student, tok = load_pretrained(cfg.student, cfg.dtype, "cpu", gradient_checkpointing=cfg.gradient_checkpointing)
+    teacher, t_tok = load_pretrained(cfg.teacher, cfg.dtype, "cpu")
+    check_same_vocab(t_tok, tok, names=("teacher", "student"))
+    vocab = shared_vocab_size(tok, student, teacher)
+    pad, eos = pad_id_of(tok), sorted(set(stop_ids(tok, student)) | set(stop_ids(t_tok, teacher)))
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    if sharded:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        mesh = init_device_mesh(device.type, (world,))
+        shard(student, mesh)
+        if cfg.shard_teacher:
+            shard(teacher, mesh)
+        else:
+            teacher.to(device)
+    else:
+        student.to(device)
+        teacher.to(device)
+    teacher.eval()
+    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8)
+
+    task = real_task(cfg.task_kind, cfg.task_path, max_new_tokens=cfg.max_new_tokens)
+    train = task.problems("train", task.capacity("train"), seed=cfg.data_seed)
+    if not train:
+        raise ValueError(f"task_path {cfg.task_path!r} has no train-split rows")
+    ids = _PromptIds(tok, train, cfg.max_prompt_tokens or None)
+    sample_kw = dict(pad_id=pad, eos_id=eos, vocab_size=vocab, temperature=cfg.temperature,
+                     logratio_clip=cfg.logratio_clip, plausibility_alpha=cfg.plausibility_alpha,
+                     stop_early=not sharded)  # sharded forwards are collective: run in lockstep
+
+    pool = _offpd_pool(cfg, teacher, train, ids, rank, world, sample_kw, device) if cfg.policy == "off" else []
+    history: list[dict[str, Any]] = []
+    for step in range(cfg.steps):
+        rng = random.Random(f"{cfg.seed}:{step}")
+        if cfg.policy == "off":
+            items = [pool[rng.randrange(len(pool))] for _ in range(cfg.batch_size)][rank * per_rank:(rank + 1) * per_rank]
+            prompts, responses = [ids[j] for j, _ in items], [r for _, r in items]
+        else:
+            idx = [rng.randrange(len(train)) for _ in range(cfg.batch_size)][rank * per_rank:(rank + 1) * per_rank]
+            prompts = [ids[j] for j in idx]
+            gen = torch.Generator(device).manual_seed((cfg.seed * 1_000_003 + step) * 1000 + rank)
+            responses = hf_sample(student, teacher, prompts, cfg.max_new_tokens, cfg.lam, generator=gen,
+                                  **sample_kw).token_lists()
+        batch = make_batch(prompts, responses, pad_id=pad, device=device)
+        out = _step(student, teacher, batch, opt, cfg, vocab)
+        out["step"] = step
+        history.append(out)
+        if not math.isfinite(out["loss"]):
+            break
+
+    out_dir = Path(cfg.out_dir)
+    _write_json(out_dir / f"rank{rank}.json", history)
+    state = _full_state(student, sharded)  # collective when sharded; empty on ranks > 0
+    acc.wait_for_everyone()
+    if sharded:
+        import torch.distributed as dist
+
+        dist.destroy_process_group()  # no collective may wait on rank 0's evaluation
+    if rank != 0:
+        return history
+    del teacher
+    if sharded:
+        del student
+        student = _plain_model(cfg, state).to(device)
+    if cfg.save_student:
+        student.save_pretrained(str(out_dir / "student"), safe_serialization=True)
+        tok.save_pretrained(str(out_dir / "student"))
+    metrics: dict[str, Any] = {**asdict(cfg), "world_size": world, "steps_done": len(history),
+                               "final_loss": history[-1]["loss"] if history else float("nan"),
+                               "collapsed": bool(history) and not math.isfinite(history[-1]["loss"]),
+                               "train_s": time.perf_counter() - t0}
+    if cfg.evaluate:
+        t_eval = time.perf_counter()
+        after = evaluate_student(student, tok, cfg, task)
+        base = base_evaluation(cfg, task, device)
+        metrics.update(after)
+        metrics.update({f"base_{k}": v for k, v in base.items()})
+        if "benchmark_mean" in after:
+            metrics["forgetting"] = forgetting(base, after)
+        init = load_pretrained(cfg.student, cfg.dtype, "cpu")[0]
+        metrics["sparsity"] = update_sparsity(_cpu_params(init), _cpu_params(student))
+        metrics["sparsity_dtype"] = cfg.dtype
+        metrics["eval_s"] = time.perf_counter() - t_eval
+    metrics["wall_s"] = time.perf_counter() - t0
+    _write_json(out_dir / "history.json", history)
+    _write_json(out_dir / "metrics.json", metrics)
+    return history
+
+
+def run_kwargs(**kwargs: Any) -> list[dict[str, Any]]:
+    """``run(FSDPRunConfig(**kwargs))``: the call form of ``kdlab.distributed.RunSpec``, e.g.
+    ``RunSpec(out_dir, run_kwargs, dict(student=..., teacher=..., out_dir=out_dir, lr=1e-5, ...))``."""
+    return run(FSDPRunConfig(**kwargs))
+
+
+def held_out(cfg: FSDPRunConfig, task: RealTask) -> tuple[RealTask, list]:
+    """The held-out task and its first ``n_eval`` problems (seed 0)."""
+    max_new = cfg.eval_max_new_tokens or cfg.max_new_tokens
+    test_task = (real_task(cfg.task_kind, cfg.eval_path, fractions=EVAL_ONLY, max_new_tokens=max_new)
+                 if cfg.eval_path else task)
+    count = test_task.capacity("test") if cfg.n_eval == 0 else cfg.n_eval
+    problems = test_task.problems("test", count, seed=0)
+    if not problems:
+        raise ValueError(f"no held-out problems: eval_path {cfg.eval_path!r} / task_path {cfg.task_path!r} "
+                         "has no test rows")
+    return test_task, problems
+
+
+def evaluate_student(model: torch.nn.Module, tok: Any, cfg: FSDPRunConfig, task: RealTask) -> dict[str, float]:
+    """Held-out greedy accuracy, pass@k (if ``pass_n``) and benchmark scores of one model."""
+    max_new = cfg.eval_max_new_tokens or None
+    test_task, problems = held_out(cfg, task)
+    out = {"accuracy": hf_accuracy(model, tok, test_task, problems, max_new_tokens=max_new,
+                                   batch_size=cfg.eval_batch_size)}
+    if cfg.pass_n:
+        ks = tuple(k for k in (1, 10) if k <= cfg.pass_n)
+        pk = hf_pass_at_ks(model, tok, test_task, problems[:cfg.pass_problems], cfg.pass_n, ks,
+                           temperature=cfg.temperature, seed=cfg.seed, max_new_tokens=max_new,
+                           batch_size=cfg.eval_batch_size)
+        out.update({f"pass_at_{k}": v for k, v in pk.items()})
+    if cfg.benchmarks:
+        scores = evaluate_benchmarks(model, tok, load_benchmarks(cfg.benchmarks), cfg.n_benchmark or None,
+                                     max_new_tokens=max_new, batch_size=cfg.eval_batch_size)
+        out.update({("benchmark_mean" if k == "benchmark_mean" else f"bench_{k}"): v for k, v in scores.items()})
+    return out
+
+
+def base_evaluation(cfg: FSDPRunConfig, task: RealTask, device: torch.device) -> dict[str, float]:
+    """The student base's ``evaluate_student`` scores, cached in ``base_eval_cache`` (keyed by the
+    base's weights file stamp and every evaluation setting) so a sweep evaluates it once."""
+    weights = sorted(Path(cfg.student).glob("*.safetensors"))
+    stamp = [(w.name, w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+    keys = ("eval_path", "task_path", "task_kind", "n_eval", "pass_n", "pass_problems", "benchmarks", "n_benchmark",
+            "eval_max_new_tokens", "max_new_tokens", "temperature", "seed", "dtype")
+    key = hashlib.sha256(json.dumps([str(Path(cfg.student).resolve()), stamp, {k: getattr(cfg, k) for k in keys}],
+                                    sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = Path(cfg.base_eval_cache) / f"base-{key}.json" if cfg.base_eval_cache else None
+    if path is not None and path.exists():
+        return json.loads(path.read_text())
+    base, tok = load_pretrained(cfg.student, cfg.dtype, device)
+    result = evaluate_student(base, tok, cfg, task)
+    del base
+    if path is not None:
+        _write_json(path, result)
+    return result
+
+
+def _cpu_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """name -> parameter on the CPU (``named_parameters``: tied weights once)."""
+    return {k: v.detach().cpu() for k, v in model.named_parameters()}
+
+
+def _full_state(student: torch.nn.Module, sharded: bool) -> dict[str, torch.Tensor] | None:
+    """The full student state dict on the CPU on rank 0 (gathered from the shards; empty on the
+    other ranks); None when not sharded (the model is used as it is)."""
+    if not sharded:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(student, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _plain_model(cfg: FSDPRunConfig, state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(cfg.student, dtype=next(iter(state.values())).dtype)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kdlab.fsdp_run", description=__doc__.split("\n\n")[0])
+    hints = typing.get_type_hints(FSDPRunConfig)
+    for f in dataclasses.fields(FSDPRunConfig):
+        flag = "--" + f.name.replace("_", "-")
+        tp = hints[f.name]
+        required = f.default is dataclasses.MISSING
+        if tp is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            continue
+        if tp is list:
+            parser.add_argument(flag, type=json.loads, default=[], help="JSON list")
+            continue
+        base = next((a for a in typing.get_args(tp) if a is not type(None)), tp)
+
+        def convert(text: str, base: type = base, optional: bool = base is not tp) -> Any:
+            if optional and text.lower() in ("none", "null"):
+                return None
+            return base(text)
+
+        parser.add_argument(flag, type=convert, required=required, default=None if required else f.default)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    run(FSDPRunConfig(**vars(args)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,759 @@
+"""The study runner behind ``kdlab study PARAMS --workers N``.
+
+A study is one profile's whole grid. The runner
+
+1. validates the profile (bad keys and values fail before any work) and keeps the resolved
+   profile as ``outputs/<study>/params.yaml``; a rerun must use the same settings (only the grid
+   lists policies, kls, lrs, seeds and lambdas may grow or shrink);
+2. builds or reuses the models by executing ``notebooks/00_teachers.ipynb``
+   (-> ``teachers/00_teachers.ipynb``, ``models.json``);
+3. executes ``notebooks/10_run.ipynb`` once per grid cell into ``runs/<run_id>/run.ipynb``; the
+   run writes ``metrics.json`` atomically and last, so a run directory with it is complete and is
+   never redone, and one without it is cleared and redone: a study killed at any moment finishes
+   when the same command runs again. A run whose notebook raises gets ``error.json`` (failing
+   cell, error name and message) next to its partial notebook, and the study goes on;
+4. collects ``results.parquet`` (``notebooks/20_grid.ipynb`` -> ``grid.ipynb``) and writes the
+   report (``notebooks/30_report.ipynb`` -> ``report.ipynb`` -> ``report.html``, code hidden).
+
+Notebooks are executed papermill-style (papermill parameterizes them and tracks cell state) but
+in warm kernels: each worker owns one Jupyter kernel for the whole study and runs notebook after
+notebook in it, resetting the user namespace in between, so only the first notebook per worker
+pays for the kernel start and the imports. ``timing.json`` records each run's notebook wall time
+minus the run's own ``wall_s`` (the notebook overhead) and the kernel start-ups.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import queue
+import re
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import nbformat
+import yaml
+
+from .config import ConfigError, Profile, from_dict, load_profile, read_yaml, to_dict
+from .distill import RunConfig
+from .runs import run_config_from
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+KERNEL_NAME = "python3"
+TEACHERS_NB, RUN_NB, GRID_NB, REPORT_NB = "00_teachers.ipynb", "10_run.ipynb", "20_grid.ipynb", "30_report.ipynb"
+KERNEL_STARTUP_TIMEOUT_S = 180
+# Grid lists that may change between invocations of one study (each run is identified by its cell).
+GRID_LISTS = ("policies", "kls", "lrs", "seeds", "lambdas")
+
+log = logging.getLogger("kdlab.study")
+
+# Imported once per kernel at start-up, so that no run pays for them. gc.freeze() moves the
+# (long-lived) module objects out of the collector's sight: a full collection then costs
+# milliseconds instead of ~0.4 s, and the reset below can afford one per notebook.
+_WARM_IMPORTS = """
+import gc
+import matplotlib.pyplot, pandas, seaborn, torch
+import kdlab.results, kdlab.runs, kdlab.teachers
+gc.collect()
+gc.freeze()
+"""
+# Run before every notebook in a warm kernel: a fresh user namespace (modules stay imported),
+# no figures left open, the notebook's working directory and execution counts from 1.
+_RESET = """
+%reset -f
+def _kdlab_prepare(cwd):
+    import gc, os, sys
+    if "matplotlib.pyplot" in sys.modules:
+        sys.modules["matplotlib.pyplot"].close("all")
+    os.chdir(cwd)
+    gc.collect()
+    gc.freeze()  # what survives a reset is module state (imports, caches): keep it frozen too
+    get_ipython().execution_count = 1
+_kdlab_prepare({cwd!r})
+del _kdlab_prepare
+"""
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+# ------------------------------------------------------------------------------------ the grid
+
+
+def _lam_key(lam: float) -> float:
+    return float(lam) + 0.0  # -0.0 -> 0.0, so that run ids do not differ by the sign of zero
+
+
+def expand_grid(profile: Profile) -> list[RunConfig]:
+    """Every run of the study, in grid order, without duplicates (by run_id).
+
+    tasks x policies x kls x lrs x seeds, then the lambda spectrum: lambda_tasks x lambdas x kls x
+    lrs x seeds with policy "lambda"; a lambda of exactly -1 (+1) is the off (on) run, so it is
+    not repeated when that run is already in the grid.
+    """
+    g = profile.grid
+    cells: dict[str, RunConfig] = {}
+
+    def add(cfg: RunConfig) -> None:
+        cells.setdefault(cfg.run_id, cfg)
+
+    for task in g.tasks:
+        for policy in g.policies:
+            for kl in g.kls:
+                for lr in g.lrs:
+                    for seed in g.seeds:
+                        add(run_config_from(profile, task=task, policy=policy, kl=kl, lr=lr, seed=seed))
+    for task in g.lambda_tasks:
+        for lam in g.lambdas:
+            lam = _lam_key(lam)
+            policy = {-1.0: "off", 1.0: "on"}.get(lam, "lambda")
+            for kl in g.kls:
+                for lr in g.lrs:
+                    for seed in g.seeds:
+                        add(run_config_from(profile, task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed))
+    return list(cells.values())
+
+
+def schedule(cells: list[RunConfig]) -> list[RunConfig]:
+    """The order runs are started in: per task, seed, lr and KL, the rollout policies next to each
+    other, so that parallel workers start on different policies (and do not both build the same
+    OffPD cache at once)."""
+    task_rank = {t: i for i, t in enumerate(dict.fromkeys(c.task for c in cells))}
+    return sorted(cells, key=lambda c: (task_rank[c.task], c.seed, c.lr, c.kl, c.lam))
+
+
+def study_dir_of(profile: Profile, outputs: str | Path) -> Path:
+    """``<outputs>/<profile.name>``: everything one study writes."""
+    return Path(outputs).resolve() / profile.name
+
+
+def run_is_complete(run_dir: Path) -> bool:
+    """A run is complete when its ``metrics.json`` (written atomically, last) holds a JSON object."""
+    try:
+        return isinstance(json.loads((run_dir / "metrics.json").read_text()), dict)
+    except (OSError, json.JSONDecodeError):
+        return False
+
+
+def notebook_finished(path: Path) -> bool:
+    """True when the executed notebook at ``path`` ran to its end without an error (papermill's
+    metadata: an end time and no exception; it is saved atomically, so it is always whole)."""
+    try:
+        meta = json.loads(path.read_text())["metadata"]["papermill"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return False
+    return meta.get("end_time") is not None and not meta.get("exception")
+
+
+# ------------------------------------------------------------------------- executing notebooks
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_FILE_MODE = 0o666 & ~_umask()
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file and a rename, so that no reader (and no
+    crash) ever sees half a file; the file gets the usual permissions (0666 minus the umask)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, _FILE_MODE)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def _write_notebook_atomic(nb: nbformat.NotebookNode, path: str | Path) -> None:
+    write_text_atomic(path, nbformat.writes(nb))
+
+
+def _papermill():
+    """papermill's pieces (imported lazily: they pull in nbclient and jupyter_client)."""
+    from papermill.clientwrap import PapermillNotebookClient
+    from papermill.engines import NotebookExecutionManager
+    from papermill.exceptions import PapermillExecutionError
+    from papermill.execute import prepare_notebook_metadata, raise_for_execution_errors, remove_error_markers
+    from papermill.iorw import load_notebook_node
+    from papermill.parameterize import parameterize_notebook
+
+    class AtomicExecutionManager(NotebookExecutionManager):
+        """papermill's cell-state tracker, but every save is atomic (temp file + rename), so a
+        notebook on disk is always whole, and it remembers the cell being executed."""
+
+        current_cell: int | None = None
+
+        def save(self, **kwargs: Any) -> None:
+            if kwargs.get("nb") is not None:
+                self.nb = kwargs["nb"]
+            if self.output_path:
+                _write_notebook_atomic(self.nb, self.output_path)
+            self.last_save_time = self.now()
+
+        def cell_start(self, cell, cell_index=None, **kwargs: Any) -> None:
+            self.current_cell = cell_index
+            super().cell_start(cell, cell_index, **kwargs)
+
+    return dict(client=PapermillNotebookClient, manager=AtomicExecutionManager, error=PapermillExecutionError,
+                prepare=prepare_notebook_metadata, raise_errors=raise_for_execution_errors,
+                remove_markers=remove_error_markers, load=load_notebook_node, parameterize=parameterize_notebook)
+
+
+@dataclass
+class NotebookOutcome:
+    """One executed notebook: where it is, its wall time (s) and, if it raised, the error."""
+
+    path: Path
+    seconds: float
+    error: dict[str, Any] | None = None
+
+
+class WarmKernel:
+    """One Jupyter kernel kept alive across notebooks, with its own thread.
+
+    Every call that talks to the kernel goes through ``submit`` and so runs on the kernel's
+    thread (its asyncio loop and ZMQ sockets live there); ``kill`` may be called from any thread.
+    """
+
+    def __init__(self, index: int, cwd: Path, env: dict[str, str], kernel_name: str = KERNEL_NAME,
+                 log_path: Path | None = None):
+        self.index = index
+        self.cwd = cwd
+        self.env = env
+        self.kernel_name = kernel_name
+        self.log_path = log_path  # the kernel process's own stdout/stderr (None: inherit ours)
+        self.km = None
+        self.kc = None
+        self._log = None
+        self.start_s = 0.0  # total seconds spent starting (and restarting) this kernel
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kdlab-kernel-{index}")
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
+        return self._thread.submit(fn, *args, **kwargs)
+
+    def _run(self, coro):
+        from jupyter_core.utils import ensure_event_loop
+
+        return ensure_event_loop().run_until_complete(coro)
+
+    # ---- kernel thread only
+    def start(self) -> float:
+        """Start the kernel and import the heavy modules; returns the seconds it took."""
+        from jupyter_client.manager import AsyncKernelManager
+
+        t0 = time.perf_counter()
+        self.km = AsyncKernelManager(kernel_name=self.kernel_name)
+        streams = {}
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "a")
+            streams = {"stdout": self._log, "stderr": self._log}
+        self._run(self.km.start_kernel(cwd=str(self.cwd), env=self.env, **streams))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self._run(self.kc.wait_for_ready(timeout=KERNEL_STARTUP_TIMEOUT_S))
+        self.kc.allow_stdin = False
+        self.run_code(_WARM_IMPORTS, timeout=KERNEL_STARTUP_TIMEOUT_S)
+        seconds = time.perf_counter() - t0
+        self.start_s += seconds
+        return seconds
+
+    def alive(self) -> bool:
+        return self.km is not None and bool(self._run(self.km.is_alive()))
+
+    def run_code(self, code: str, timeout: float = 120) -> None:
+        """Execute ``code`` silently; RuntimeError if it raises in the kernel."""
+        reply = self._run(self.kc.execute_interactive(code, silent=True, store_history=False, allow_stdin=False,
+                                                      timeout=timeout, output_hook=lambda msg: None))
+        content = reply["content"]
+        if content.get("status") != "ok":
+            raise RuntimeError(f"kernel {self.index}: setup code failed: {content.get('ename')}: {content.get('evalue')}")
+
+    def restart(self) -> float:
+        self.shutdown()
+        return self.start()
+
+    def shutdown(self) -> None:
+        if self.kc is not None:
+            self.kc.stop_channels()
+            self.kc = None
+        if self.km is not None:
+            try:
+                if self._run(self.km.is_alive()):
+                    self._run(self.km.shutdown_kernel(now=True))
+                self._run(self.km.cleanup_resources())
+            except RuntimeError:
+                pass
+            self.km = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def execute(self, notebook: Path, output: Path, parameters: dict[str, Any], cwd: Path) -> NotebookOutcome:
+        """Execute ``notebook`` with papermill ``parameters`` into ``output`` (saved after every cell),
+        in this kernel with a fresh namespace and working directory ``cwd``."""
+        from nbclient.exceptions import DeadKernelError
+
+        pm = _papermill()
+        t0 = time.perf_counter()
+        if not self.alive():
+            self.restart()
+        self.run_code(_RESET.format(cwd=str(cwd)))
+        nb = pm["load"](str(notebook))
+        nb = pm["parameterize"](nb, parameters, kernel_name=self.kernel_name, language="python")
+        nb = pm["prepare"](nb, str(notebook), str(output))
+        nb = pm["remove_markers"](nb)
+        manager = pm["manager"](nb, output_path=str(output), progress_bar=False)
+        manager.notebook_start()
+        error = None
+        try:
+            client = pm["client"](manager, km=self.km, kernel_name=self.kernel_name, timeout=None,
+                                  startup_timeout=KERNEL_STARTUP_TIMEOUT_S, log=log)
+            client.kc = self.kc  # reuse this kernel's client: no new channels per notebook
+            client.execute()
+        except DeadKernelError as e:
+            i = manager.current_cell
+            error = {"cell_index": i, "execution_count": None,
+                     "source": manager.nb.cells[i].source if i is not None else "",
+                     "ename": "DeadKernelError", "evalue": f"the kernel died while executing this cell: {e}",
+                     "traceback": []}
+        finally:
+            manager.notebook_complete()
+        if error is None:
+            error = _notebook_error(manager.nb, output, pm)
+        return NotebookOutcome(path=output, seconds=time.perf_counter() - t0, error=error)
+
+    # ---- any thread
+    def kill(self) -> None:
+        """SIGKILL this kernel's process group (it runs in its own session)."""
+        import signal
+
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        if pid:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self, timeout: float = 30) -> None:
+        """Shut the kernel down (on its thread) and stop the thread."""
+        try:
+            self.submit(self.shutdown).result(timeout=timeout)
+        except Exception:  # noqa: BLE001 - a kernel that will not shut down is killed
+            self.kill()
+        self._thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _notebook_error(nb: nbformat.NotebookNode, output: Path, pm: dict[str, Any]) -> dict[str, Any] | None:
+    """The first error a notebook recorded (papermill's rules), or None. On an error the saved
+    notebook gets papermill's error marker cells (message at the top, anchor before the cell);
+    ``cell_index`` is the failing cell's index in that saved notebook."""
+    tmp = output.with_name(f".{output.stem}.error.ipynb")
+    try:
+        pm["raise_errors"](nb, str(tmp))
+    except pm["error"] as e:
+        saved = nbformat.read(tmp, as_version=4)
+        index = next((i for i, c in enumerate(saved.cells) if c.cell_type == "code" and c.source == e.source
+                      and c.get("execution_count") == e.exec_count), e.cell_index)
+        os.chmod(tmp, _FILE_MODE)
+        os.replace(tmp, output)
+        return {"cell_index": index, "execution_count": e.exec_count, "source": e.source, "ename": e.ename,
+                "evalue": e.evalue, "traceback": [_ANSI.sub("", line) for line in e.traceback or []]}
+    return None
+
+
+# ------------------------------------------------------------------------------ study plumbing
+
+
+def _notebook(name: str) -> Path:
+    path = NOTEBOOKS_DIR / name
+    if not path.exists():
+        raise FileNotFoundError(f"study notebook {path} is missing (kdlab runs the notebooks of its source tree)")
+    return path
+
+
+def _check_kernel(name: str) -> str | None:
+    """None if the Jupyter kernel ``name`` is installed, else a message saying how to install it."""
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec(name)
+    except NoSuchKernel:
+        return (f"Jupyter kernel {name!r} is not installed; install it with "
+                f"`{sys.executable} -m ipykernel install --sys-prefix --name {name}`")
+    return None
+
+
+def _kernel_env(threads: int) -> dict[str, str]:
+    """The kernels' environment: this one, plus kdlab's source on the path (the kernels import the
+    same kdlab), per-worker thread counts and inline figures."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(threads)
+    env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+    return env
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+class StudyBusy(RuntimeError):
+    """Another process holds the study directory's lock."""
+
+
+class _StudyLock:
+    """An exclusive ``flock`` on ``<study>/.lock``; the OS releases it when the process dies."""
+
+    def __init__(self, study_dir: Path):
+        self.path = study_dir / ".lock"
+        self.fd: int | None = None
+
+    def __enter__(self) -> "_StudyLock":
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(self.fd, 64).decode(errors="replace").strip()
+            os.close(self.fd)
+            raise StudyBusy(f"another kdlab study (pid {holder or '?'}) is running in {self.path.parent}") from None
+        os.ftruncate(self.fd, 0)
+        os.write(self.fd, str(os.getpid()).encode())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _check_params(study_dir: Path, profile: Profile) -> Path:
+    """Keep the resolved profile as ``params.yaml``; refuse a rerun with other settings."""
+    path = study_dir / "params.yaml"
+    new = to_dict(profile)
+    if path.exists():
+        try:
+            old = to_dict(from_dict(Profile, read_yaml(path.read_text())))
+        except (ConfigError, yaml.YAMLError) as e:
+            raise ConfigError(f"{path} (the parameters this study was run with) cannot be read by this kdlab: {e}; "
+                              f"name this study differently (--set name=...) or remove {study_dir}") from None
+        free = {"threads"} | {f"grid.{k}" for k in GRID_LISTS}
+        diff = [(k, v, _flat(new).get(k)) for k, v in _flat(old).items() if k not in free and _flat(new).get(k) != v]
+        if diff:
+            key, was, now = diff[0]
+            raise ConfigError(f"{study_dir} holds study {profile.name!r} run with other parameters ({key}: {was!r} "
+                              f"there, {now!r} now); name this study differently (--set name=...) or remove {study_dir}")
+    write_text_atomic(path, "# The resolved parameters of this study (written by kdlab study).\n"
+                      + yaml.safe_dump(new, sort_keys=False))
+    return path
+
+
+def _models_ready(profile: Profile, outputs: Path, study_dir: Path) -> bool:
+    """True when every model exists and models.json (from a finished teachers notebook) lists them."""
+    from .teachers import model_paths
+
+    try:
+        paths = model_paths(profile, outputs / "models", progress=False, train=False)
+    except FileNotFoundError:
+        return False
+    models_json = study_dir / "models.json"
+    if not models_json.exists() or not (study_dir / "teachers" / TEACHERS_NB).exists():
+        return False
+    try:
+        listed = {str(Path(r["path"]).resolve()) for r in json.loads(models_json.read_text())}
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return False
+    return listed == {str(Path(p).resolve()) for p in paths.values()}
+
+
+def _record_error(path: Path, outcome: NotebookOutcome, **extra: Any) -> None:
+    _write_json(path, {**extra, **outcome.error, "notebook": outcome.path.name,
+                             "time": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+
+def _execute_run(kernel: WarmKernel, cfg: RunConfig, recorded: bool, ctx: dict[str, Any]) -> NotebookOutcome:
+    """One grid cell in ``kernel``: clear its run directory, execute the run notebook, record errors.
+
+    ``recorded``: the run is complete but its notebook was interrupted; the notebook is executed
+    again on the recorded metrics.json (the run is not redone).
+    """
+    run_dir = ctx["study_dir"] / "runs" / cfg.run_id
+    if not recorded:
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # an unfinished earlier attempt
+        run_dir.mkdir(parents=True)
+    params = {"params": str(ctx["params"]), "outputs": str(ctx["outputs"]), "overrides": {}, "task": cfg.task,
+              "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr, "seed": cfg.seed,
+              "out_dir": str(run_dir), "threads": ctx["threads"], "recorded": recorded}
+    t0 = time.perf_counter()
+    try:
+        outcome = kernel.execute(_notebook(RUN_NB), run_dir / "run.ipynb", params, cwd=run_dir)
+    except Exception as e:  # noqa: BLE001 - the runner itself failed on this run; record it and go on
+        outcome = NotebookOutcome(run_dir / "run.ipynb", time.perf_counter() - t0,
+                                  {"cell_index": None, "execution_count": None, "source": "", "ename": type(e).__name__,
+                                   "evalue": f"the study runner could not execute this run: {e}", "traceback": []})
+    if outcome.error is None and not run_is_complete(run_dir):
+        outcome.error = {"cell_index": None, "execution_count": None, "source": "", "ename": "MissingMetrics",
+                         "evalue": "the run notebook finished without writing metrics.json", "traceback": []}
+    if outcome.error is not None:
+        _record_error(run_dir / "error.json", outcome, run_id=cfg.run_id)
+    return outcome
+
+
+def _worker(kernel: WarmKernel, todo: queue.Queue, done: queue.Queue, stop: threading.Event,
+            ctx: dict[str, Any]) -> None:
+    while not stop.is_set():
+        try:
+            cfg, recorded = todo.get_nowait()
+        except queue.Empty:
+            return
+        done.put((cfg, recorded, _execute_run(kernel, cfg, recorded, ctx), kernel.index))
+
+
+def _export_html(report_nb: Path, html: Path) -> None:
+    """The executed report as standalone HTML with the code cells hidden (written atomically)."""
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(report_nb, as_version=4))
+    write_text_atomic(html, body)
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: dict[str, Any] | None = None,
+              progress: bool = True) -> int:
+    """Run a whole study; returns the exit code (0: every run and the report succeeded, 1: some
+    run or notebook failed, 2: the environment is not ready).
+
+    Raises ``ConfigError`` (naming the key) for invalid parameters, before any work.
+    ``workers`` warm kernels execute runs in parallel with ``profile.threads`` torch threads each
+    (0: max(1, cores // workers)).
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, got {workers!r}")
+    t_study = time.perf_counter()
+    profile = load_profile(params, overrides)
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", profile.name):
+        raise ConfigError(f"name: {profile.name!r} must be a plain directory name (letters, digits, '_', '.', '-')")
+    cells = expand_grid(profile)
+    if not cells:
+        raise ConfigError("grid: the study has no runs (grid.tasks, grid.policies, grid.kls, grid.lrs and "
+                          "grid.seeds, or grid.lambdas with grid.lambda_tasks, must all be non-empty)")
+    for name in (TEACHERS_NB, RUN_NB, GRID_NB, REPORT_NB):
+        _notebook(name)
+    problem = _check_kernel(KERNEL_NAME)
+    if problem:
+        print(f"kdlab study: {problem}", file=sys.stderr)
+        return 2
+
+    outputs = Path(outputs).resolve()
+    study_dir = study_dir_of(profile, outputs)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        lock = _StudyLock(study_dir).__enter__()
+    except StudyBusy as e:
+        print(f"kdlab study: {e}", file=sys.stderr)
+        return 2
+    try:
+        return _run_locked(profile, cells, study_dir, outputs, workers, progress, t_study)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outputs: Path, workers: int,
+                progress: bool, t_study: float) -> int:
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    params_path = _check_params(study_dir, profile)
+    # (cell, recorded): runs to do, then complete runs whose notebook was cut short (shown again)
+    todo = [(c, False) for c in schedule(cells) if not run_is_complete(study_dir / "runs" / c.run_id)]
+    todo += [(c, True) for c in cells if run_is_complete(study_dir / "runs" / c.run_id)
+             and not notebook_finished(study_dir / "runs" / c.run_id / "run.ipynb")]
+    cores = _cores()
+    threads = profile.threads or max(1, cores // workers)
+    n_kernels = max(1, min(workers, len(todo)))
+    reuse_models = _models_ready(profile, outputs, study_dir)
+    n_redo = sum(recorded for _, recorded in todo)
+    _say(f"study {profile.name}: {len(cells)} runs ({len(cells) - len(todo) + n_redo} already complete"
+         + (f", {n_redo} of them with an interrupted notebook" if n_redo else "") + "), "
+         f"{n_kernels} worker(s) x {threads} torch thread(s) -> {study_dir}")
+
+    timing_path = study_dir / "timing.json"
+    timing: dict[str, Any] = {"runs": {}, "invocations": []}
+    if timing_path.exists():
+        try:
+            timing = {**timing, **json.loads(timing_path.read_text())}
+        except json.JSONDecodeError:
+            pass
+    invocation: dict[str, Any] = {"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                  "workers": n_kernels, "threads_per_worker": threads, "runs_done": 0,
+                                  "runs_failed": 0, "kernel_start_s": 0.0, "runs_overhead_s": 0.0, "notebooks": {}}
+    timing["invocations"].append(invocation)
+
+    def save_timing() -> None:
+        invocation["wall_s"] = round(time.perf_counter() - t_study, 3)
+        kernel_time = n_kernels * invocation["wall_s"]
+        invocation["overhead_fraction"] = ((invocation["runs_overhead_s"] + invocation["kernel_start_s"]) / kernel_time
+                                           if kernel_time > 0 else None)
+        _write_json(timing_path, timing)
+
+    env = _kernel_env(threads)
+    kernels = [WarmKernel(i, study_dir, env, log_path=study_dir / "logs" / f"kernel-{i}.log") for i in range(n_kernels)]
+    failed: list[tuple[str, dict[str, Any]]] = []
+    stop = threading.Event()
+    try:
+        starts = [k.submit(k.start) for k in kernels]
+        ctx = {"study_dir": study_dir, "outputs": outputs, "params": params_path, "threads": threads}
+        nb_params = {"params": str(params_path), "outputs": str(outputs), "overrides": {}, "threads": threads}
+
+        # 1. models
+        if reuse_models:
+            _say("models: reusing the built models (models.json)")
+        else:
+            _say(f"models: building or loading them ({study_dir / 'teachers' / TEACHERS_NB})")
+            teachers_dir = study_dir / "teachers"
+            teachers_dir.mkdir(exist_ok=True)
+            k0 = kernels[0]
+            starts[0].result()
+            outcome = k0.submit(k0.execute, _notebook(TEACHERS_NB), teachers_dir / TEACHERS_NB,
+                                {**nb_params, "threads": profile.threads or cores}, teachers_dir).result()
+            invocation["notebooks"]["teachers_s"] = round(outcome.seconds, 3)
+            if outcome.error:
+                _record_error(teachers_dir / "error.json", outcome)
+                print(f"kdlab study: the teachers notebook failed: {outcome.error['ename']}: {outcome.error['evalue']}"
+                      f"\n  see {outcome.path}", file=sys.stderr)
+                save_timing()
+                return 1
+            (teachers_dir / "error.json").unlink(missing_ok=True)
+        for start in starts:
+            start.result()
+        invocation["kernel_start_s"] = round(sum(k.start_s for k in kernels), 3)
+        save_timing()
+
+        # 2. runs
+        work: queue.Queue = queue.Queue()
+        for job in todo:
+            work.put(job)
+        done: queue.Queue = queue.Queue()
+        futures = [k.submit(_worker, k, work, done, stop, ctx) for k in kernels] if todo else []
+        bar = tqdm(total=len(todo), desc=f"study {profile.name}", unit="run", disable=not progress, dynamic_ncols=True)
+        finished = 0
+        while finished < len(todo):
+            try:
+                cfg, recorded, outcome, worker = done.get(timeout=0.5)
+            except queue.Empty:
+                if all(f.done() for f in futures) and done.empty():
+                    for f in futures:
+                        f.result()  # a worker died: surface its exception
+                    break
+                continue
+            finished += 1
+            entry: dict[str, Any] = {"notebook_s": round(outcome.seconds, 3), "worker": worker,
+                                     "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+            if outcome.error is None and recorded:
+                entry["recorded"] = True  # notebook shown again; the run's timing is its first one's
+                entry = {**timing["runs"].get(cfg.run_id, {}), **entry}
+            elif outcome.error is None:
+                wall = json.loads((study_dir / "runs" / cfg.run_id / "metrics.json").read_text()).get("wall_s")
+                entry.update(wall_s=wall, overhead_s=round(outcome.seconds - wall, 3) if wall is not None else None)
+                invocation["runs_done"] += 1
+                invocation["runs_overhead_s"] = round(invocation["runs_overhead_s"] + (entry["overhead_s"] or 0.0), 3)
+            else:
+                entry["error"] = outcome.error["ename"]
+                invocation["runs_failed"] += 1
+                failed.append((cfg.run_id, outcome.error))
+            timing["runs"][cfg.run_id] = entry
+            save_timing()
+            bar.update(1)
+            bar.set_postfix(failed=len(failed))
+        bar.close()
+        invocation["kernel_start_s"] = round(sum(k.start_s for k in kernels), 3)  # restarts included
+
+        # 3. results table and report
+        k0 = kernels[0]
+        report_ok = True
+        outcome = k0.submit(k0.execute, _notebook(GRID_NB), study_dir / "grid.ipynb",
+                            {"study_dir": str(study_dir)}, study_dir).result()
+        invocation["notebooks"]["grid_s"] = round(outcome.seconds, 3)
+        if outcome.error or not (study_dir / "results.parquet").exists():
+            report_ok = False
+            if outcome.error:
+                _record_error(study_dir / "grid_error.json", outcome)
+            _say(f"kdlab study: the grid notebook failed: {outcome.error and outcome.error['ename']}; see {outcome.path}")
+        else:
+            (study_dir / "grid_error.json").unlink(missing_ok=True)
+            n_rows = len(pd.read_parquet(study_dir / "results.parquet"))
+            if n_rows == 0:
+                _say("no completed runs: no report")
+            else:
+                outcome = k0.submit(k0.execute, _notebook(REPORT_NB), study_dir / "report.ipynb",
+                                    {"study_dir": str(study_dir)}, study_dir).result()
+                invocation["notebooks"]["report_s"] = round(outcome.seconds, 3)
+                if outcome.error:
+                    report_ok = False
+                    _record_error(study_dir / "report_error.json", outcome)
+                    _say(f"kdlab study: the report notebook failed: {outcome.error['ename']}: {outcome.error['evalue']}")
+                else:
+                    (study_dir / "report_error.json").unlink(missing_ok=True)
+                _export_html(study_dir / "report.ipynb", study_dir / "report.html")
+        save_timing()
+    except BaseException:
+        stop.set()
+        for k in kernels:
+            k.kill()
+        raise
+    finally:
+        for k in kernels:
+            k.close()
+
+    complete = sum(run_is_complete(study_dir / "runs" / c.run_id) for c in cells)
+    share = invocation.get("overhead_fraction")
+    _say(f"study {profile.name}: {complete}/{len(cells)} runs complete in {invocation['wall_s']:.0f} s; notebook "
+         f"overhead {invocation['runs_overhead_s'] + invocation['kernel_start_s']:.1f} s"
+         + (f" ({100 * share:.1f}% of worker time)" if share is not None else ""))
+    if (study_dir / "report.html").exists():
+        _say(f"report: {study_dir / 'report.html'}")
+    if failed:
+        _say(f"{len(failed)} run(s) failed:")
+        for run_id, err in failed:
+            _say(f"  {run_id}: {err['ename']}: {str(err['evalue']).splitlines()[0] if err['evalue'] else ''} "
+                 f"(runs/{run_id}/error.json)")
+    return 0 if not failed and report_ok else 1

@@ -29,7 +29,19 @@ def cmd_teachers(args) -> int:
     from .report_tables import format_table
 
     profile = load_profile(args.params, _overrides(args.set))
-    paths = model_paths(profile, _outputs_root(args) / "models")
+    if args.rebuild:
+        # Train from scratch into a separate store, then compare with what the repository ships.
+        from .models import checkpoint_meta
+        from .teachers import shipped_manifest
+        paths = model_paths(profile, _outputs_root(args) / "models-rebuild", rebuild=True)
+        shipped = shipped_manifest()
+        for role, path in paths.items():
+            sha = checkpoint_meta(path)["sha256"]
+            ref = shipped.get(path.name)
+            verdict = "not shipped" if ref is None else ("identical to the shipped checkpoint" if ref == sha else "DIFFERS from the shipped checkpoint")
+            print(f"{role}: {path.name} sha256 {sha[:16]}... {verdict}")
+    else:
+        paths = model_paths(profile, _outputs_root(args) / "models")
     rows = model_table(profile, paths)
     out = _outputs_root(args) / profile.name
     out.mkdir(parents=True, exist_ok=True)
@@ -65,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("teachers", help="build (or reuse) the student base and task teachers; print their table")
     p.add_argument("params")
+    p.add_argument("--rebuild", action="store_true",
+                   help="train from scratch (ignoring shipped checkpoints) into outputs/models-rebuild and compare hashes")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter (dotted key)")
     p.set_defaults(fn=cmd_teachers)
 

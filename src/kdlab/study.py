@@ -500,6 +500,19 @@ def _models_ready(profile: Profile, outputs: Path, study_dir: Path) -> bool:
     return listed == {str(Path(p).resolve()) for p in paths.values()}
 
 
+def _execute_safely(kernel: WarmKernel, notebook: Path, output: Path, parameters: dict[str, Any],
+                    cwd: Path) -> NotebookOutcome:
+    """``kernel.execute`` (on the kernel's thread), with a failure of the runner itself (a kernel
+    that cannot be reset or restarted, ...) reported as the notebook's error instead of raised."""
+    t0 = time.perf_counter()
+    try:
+        return kernel.execute(notebook, output, parameters, cwd)
+    except Exception as e:  # noqa: BLE001 - recorded, and the study goes on
+        return NotebookOutcome(output, time.perf_counter() - t0,
+                               {"cell_index": None, "execution_count": None, "source": "", "ename": type(e).__name__,
+                                "evalue": f"the study runner could not execute this notebook: {e}", "traceback": []})
+
+
 def _record_error(path: Path, outcome: NotebookOutcome, **extra: Any) -> None:
     _write_json(path, {**extra, **outcome.error, "notebook": outcome.path.name,
                              "time": datetime.now(timezone.utc).isoformat(timespec="seconds")})
@@ -519,24 +532,18 @@ def _execute_run(kernel: WarmKernel, cfg: RunConfig, recorded: bool, ctx: dict[s
     params = {"params": str(ctx["params"]), "outputs": str(ctx["outputs"]), "overrides": {}, "task": cfg.task,
               "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr, "seed": cfg.seed,
               "out_dir": str(run_dir), "threads": ctx["threads"], "recorded": recorded}
-    t0 = time.perf_counter()
-    try:
-        outcome = kernel.execute(_notebook(RUN_NB), run_dir / "run.ipynb", params, cwd=run_dir)
-    except Exception as e:  # noqa: BLE001 - the runner itself failed on this run; record it and go on
-        outcome = NotebookOutcome(run_dir / "run.ipynb", time.perf_counter() - t0,
-                                  {"cell_index": None, "execution_count": None, "source": "", "ename": type(e).__name__,
-                                   "evalue": f"the study runner could not execute this run: {e}", "traceback": []})
+    outcome = _execute_safely(kernel, _notebook(RUN_NB), run_dir / "run.ipynb", params, run_dir)
     if outcome.error is None and not run_is_complete(run_dir):
         outcome.error = {"cell_index": None, "execution_count": None, "source": "", "ename": "MissingMetrics",
                          "evalue": "the run notebook finished without writing metrics.json", "traceback": []}
-    if outcome.error is not None:
+    if outcome.error is not None and not ctx["stop"].is_set():  # (an interrupted study killed it: no error)
         _record_error(run_dir / "error.json", outcome, run_id=cfg.run_id)
     return outcome
 
 
-def _worker(kernel: WarmKernel, todo: queue.Queue, done: queue.Queue, stop: threading.Event,
-            ctx: dict[str, Any]) -> None:
-    while not stop.is_set():
+def _worker(kernel: WarmKernel, todo: queue.Queue, done: queue.Queue, ctx: dict[str, Any]) -> None:
+    """A worker's loop: take the next (cell, recorded) job until none is left or the study stops."""
+    while not ctx["stop"].is_set():
         try:
             cfg, recorded = todo.get_nowait()
         except queue.Empty:
@@ -555,6 +562,18 @@ def _export_html(report_nb: Path, html: Path) -> None:
 
 def _say(msg: str) -> None:
     print(msg, flush=True)
+
+
+def _started(starts: list[Future], kernels: list[WarmKernel]) -> bool:
+    """Wait for kernel start-ups; on a failure say why (and where the kernel's log is)."""
+    for kernel, start in zip(kernels, starts):
+        try:
+            start.result()
+        except Exception as e:  # noqa: BLE001 - reported; the study cannot run without its kernels
+            print(f"kdlab study: could not start Jupyter kernel {kernel.index}: {type(e).__name__}: {e}"
+                  + (f"\n  kernel log: {kernel.log_path}" if kernel.log_path else ""), file=sys.stderr)
+            return False
+    return True
 
 
 def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: dict[str, Any] | None = None,
@@ -641,7 +660,7 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
     stop = threading.Event()
     try:
         starts = [k.submit(k.start) for k in kernels]
-        ctx = {"study_dir": study_dir, "outputs": outputs, "params": params_path, "threads": threads}
+        ctx = {"study_dir": study_dir, "outputs": outputs, "params": params_path, "threads": threads, "stop": stop}
         nb_params = {"params": str(params_path), "outputs": str(outputs), "overrides": {}, "threads": threads}
 
         # 1. models
@@ -652,8 +671,9 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
             teachers_dir = study_dir / "teachers"
             teachers_dir.mkdir(exist_ok=True)
             k0 = kernels[0]
-            starts[0].result()
-            outcome = k0.submit(k0.execute, _notebook(TEACHERS_NB), teachers_dir / TEACHERS_NB,
+            if not _started(starts[:1], kernels):
+                return 2
+            outcome = k0.submit(_execute_safely, k0, _notebook(TEACHERS_NB), teachers_dir / TEACHERS_NB,
                                 {**nb_params, "threads": profile.threads or cores}, teachers_dir).result()
             invocation["notebooks"]["teachers_s"] = round(outcome.seconds, 3)
             if outcome.error:
@@ -663,8 +683,8 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
                 save_timing()
                 return 1
             (teachers_dir / "error.json").unlink(missing_ok=True)
-        for start in starts:
-            start.result()
+        if not _started(starts, kernels):
+            return 2
         invocation["kernel_start_s"] = round(sum(k.start_s for k in kernels), 3)
         save_timing()
 
@@ -673,7 +693,7 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
         for job in todo:
             work.put(job)
         done: queue.Queue = queue.Queue()
-        futures = [k.submit(_worker, k, work, done, stop, ctx) for k in kernels] if todo else []
+        futures = [k.submit(_worker, k, work, done, ctx) for k in kernels] if todo else []
         bar = tqdm(total=len(todo), desc=f"study {profile.name}", unit="run", disable=not progress, dynamic_ncols=True)
         finished = 0
         while finished < len(todo):
@@ -710,7 +730,7 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
         # 3. results table and report
         k0 = kernels[0]
         report_ok = True
-        outcome = k0.submit(k0.execute, _notebook(GRID_NB), study_dir / "grid.ipynb",
+        outcome = k0.submit(_execute_safely, k0, _notebook(GRID_NB), study_dir / "grid.ipynb",
                             {"study_dir": str(study_dir)}, study_dir).result()
         invocation["notebooks"]["grid_s"] = round(outcome.seconds, 3)
         if outcome.error or not (study_dir / "results.parquet").exists():
@@ -724,7 +744,7 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
             if n_rows == 0:
                 _say("no completed runs: no report")
             else:
-                outcome = k0.submit(k0.execute, _notebook(REPORT_NB), study_dir / "report.ipynb",
+                outcome = k0.submit(_execute_safely, k0, _notebook(REPORT_NB), study_dir / "report.ipynb",
                                     {"study_dir": str(study_dir)}, study_dir).result()
                 invocation["notebooks"]["report_s"] = round(outcome.seconds, 3)
                 if outcome.error:

@@ -25,7 +25,7 @@ import torch
 
 from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
-from .models import build_model, checkpoint_meta, load_checkpoint, n_params, save_checkpoint
+from .models import build_model, checkpoint_meta, file_sha256, load_checkpoint, n_params, save_checkpoint
 from .tasks import get_task, probe_tasks
 from .tasks.base import Task
 from .train import SFTSchedule, sft
@@ -67,19 +67,53 @@ def base_tasks(profile: Profile) -> list[str]:
     return sorted(set(profile.grid.tasks + lam_tasks))
 
 
-class ModelStore:
-    """Content-addressed cache of trained checkpoints under ``root``."""
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
+SHIPPED_MANIFEST = "MANIFEST.json"
 
-    def __init__(self, root: str | Path):
+
+def shipped_manifest(shipped_dir: Path = SHIPPED_DIR) -> dict[str, str]:
+    """{checkpoint dir name: weights sha256} of the checkpoints shipped in the repository."""
+    path = shipped_dir / SHIPPED_MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+class ModelStore:
+    """Content-addressed cache of trained checkpoints under ``root``.
+
+    A checkpoint the repository ships (``checkpoints/<role>-<hash>/``, listed with its weights'
+    SHA-256 in ``checkpoints/MANIFEST.json``) is copied in instead of being trained, after its
+    hash is checked; ``kdlab teachers --rebuild`` trains it from scratch instead.
+    """
+
+    def __init__(self, root: str | Path, shipped_dir: Path | None = SHIPPED_DIR):
         self.root = Path(root)
+        self.shipped_dir = shipped_dir
+
+    def install_shipped(self, name: str, final: Path) -> bool:
+        if self.shipped_dir is None:
+            return False
+        sha = shipped_manifest(self.shipped_dir).get(name)
+        src = self.shipped_dir / name
+        if sha is None or not (src / "config.json").exists():
+            return False
+        got = file_sha256(src / "model.safetensors")
+        if got != sha:
+            raise ValueError(f"shipped checkpoint {src}: weights sha256 {got} does not match {SHIPPED_MANIFEST} ({sha})")
+        tmp = final.with_name(final.name + ".installing")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(src, tmp)
+        os.replace(tmp, final)
+        return True
 
     def path(self, role: str, key: dict[str, Any]) -> Path:
         return self.root / f"{role}-{_digest(key)}"
 
     def get_or_train(self, role: str, key: dict[str, Any], spec: ModelSpec, pre: PretrainSpec,
-                     mix: list[tuple[Task, float]], progress: bool = True, checkpoint_every: int = 500) -> Path:
+                     mix: list[tuple[Task, float]], progress: bool = True, checkpoint_every: int = 250) -> Path:
         final = self.path(role, key)
         if (final / "config.json").exists():
+            return final
+        if self.install_shipped(final.name, final):
             return final
         partial = final.with_name(final.name + ".partial")
         model = build_model(spec.family, spec.size, seed=spec.seed)
@@ -108,10 +142,12 @@ class ModelStore:
         return final
 
 
-def model_paths(profile: Profile, root: str | Path, progress: bool = True, train: bool = True) -> dict[str, Path]:
+def model_paths(profile: Profile, root: str | Path, progress: bool = True, train: bool = True,
+                rebuild: bool = False) -> dict[str, Path]:
     """{"student": dir, "<task>": teacher dir, ...}: trains what is missing (unless ``train`` is
-    False, which raises FileNotFoundError naming the missing model)."""
-    store = ModelStore(root)
+    False, which raises FileNotFoundError naming the missing model). ``rebuild`` ignores the
+    checkpoints shipped in the repository and trains them."""
+    store = ModelStore(root, shipped_dir=None if rebuild else SHIPPED_DIR)
     tasks = base_tasks(profile)
     out: dict[str, Path] = {}
     jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, tasks))]
@@ -120,7 +156,7 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     for role, spec, pre, mix in jobs:
         key = _model_key(role, spec, pre, mix, profile.trace)
         path = store.path(role, key)
-        if not (path / "config.json").exists() and not train:
+        if not (path / "config.json").exists() and not train and not store.install_shipped(path.name, path):
             raise FileNotFoundError(f"model {role} for profile {profile.name!r} is not built at {path}; run `kdlab teachers`")
         out[role.removeprefix("teacher-")] = store.get_or_train(role, key, spec, pre, mix, progress=progress)
     return out

@@ -67,6 +67,11 @@ def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSch
     bar = tqdm(range(start_step, until or sched.steps), desc=desc, disable=not progress, initial=start_step, total=sched.steps)
     ema = None
     for step in bar:
+        if checkpoint_every and step % checkpoint_every == 0:
+            # Reseed at every checkpoint boundary, so a resumed run sees exactly the data and
+            # dropout-free noise of an uninterrupted one.
+            rng = random.Random(sched.seed * 1000 + step)
+            torch.manual_seed(sched.seed * 1000 + step)
         picks = rng.choices(range(len(pools)), weights=weights, k=sched.batch_size)
         prompts, comps = [], []
         for k in picks:

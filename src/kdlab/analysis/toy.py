@@ -184,25 +184,21 @@ def fit_student_result(teacher: object, direction: str, steps: int = 300, lr: fl
     x = torch.tensor(x_np, dtype=torch.float64)
     t_logits = torch.log(torch.tensor(pt, dtype=torch.float64))[None]  # (1, n)
     if family == "gaussian":
+        if not (isinstance(width_lr_scale, (int, float)) and width_lr_scale > 0 and math.isfinite(width_lr_scale)):
+            raise ValueError(f"width_lr_scale must be a positive finite number, got {width_lr_scale!r}")
         mu = torch.tensor(mu0, dtype=torch.float64, requires_grad=True)
         log_s = torch.tensor(math.log(s0), dtype=torch.float64, requires_grad=True)
-        params = [mu, log_s]
+        opt = torch.optim.Adam([{"params": [mu], "lr": lr}, {"params": [log_s], "lr": lr * width_lr_scale}])
 
         def logits() -> torch.Tensor:
             return (-0.5 * ((x - mu) / log_s.exp()) ** 2)[None]
     else:
         z = (-0.5 * ((x - mu0) / s0) ** 2).clone().requires_grad_(True)
-        params = [z]
+        opt = torch.optim.Adam([z], lr=lr)
 
         def logits() -> torch.Tensor:
             return z[None]
 
-    if family == "gaussian":
-        if not (width_lr_scale > 0 and math.isfinite(width_lr_scale)):
-            raise ValueError(f"width_lr_scale must be a positive finite number, got {width_lr_scale!r}")
-        opt = torch.optim.Adam([{"params": [mu], "lr": lr}, {"params": [log_s], "lr": lr * width_lr_scale}])
-    else:
-        opt = torch.optim.Adam(params, lr=lr)
     losses: list[float] = []
     for _ in range(steps):
         loss = token_kl(logits(), t_logits, direction).sum()

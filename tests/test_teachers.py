@@ -1,0 +1,82 @@
+"""Model store: caching by config hash, resumable training equal to uninterrupted, shipped checkpoints."""
+import json
+import shutil
+
+import pytest
+import torch
+
+from kdlab.config import ModelSpec, PretrainSpec
+from kdlab.models import checkpoint_meta, load_checkpoint
+from kdlab.tasks import probe_tasks
+from kdlab.teachers import ModelStore, SHIPPED_MANIFEST
+
+SPEC = ModelSpec(family="llama", size="nano", seed=0)
+PRE = PretrainSpec(steps=6, batch_size=4, lr=1e-3, warmup=2)
+
+
+def mixture():
+    return [(t, 1.0) for t in probe_tasks()[:2]]
+
+
+def weights(path):
+    return load_checkpoint(path).state_dict()
+
+
+def test_cache_hit_reuses_the_checkpoint(tmp_path):
+    store = ModelStore(tmp_path, shipped_dir=None)
+    key = {"k": 1}
+    a = store.get_or_train("student", key, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
+    mtime = (a / "model.safetensors").stat().st_mtime_ns
+    b = store.get_or_train("student", key, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
+    assert a == b and (b / "model.safetensors").stat().st_mtime_ns == mtime
+    assert store.path("student", {"k": 2}) != a
+    assert checkpoint_meta(a)["dtype"] == "bfloat16"  # stored as trained-then-cast bf16
+
+
+def test_resumed_training_equals_uninterrupted(tmp_path, monkeypatch):
+    full = ModelStore(tmp_path / "full", shipped_dir=None).get_or_train(
+        "student", {"k": 1}, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
+
+    store = ModelStore(tmp_path / "resumed", shipped_dir=None)
+    import kdlab.teachers as teachers
+
+    real_save = teachers.save_checkpoint
+
+    def crash(*a, **k):  # the process "dies" right before the final save
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(teachers, "save_checkpoint", crash)
+    with pytest.raises(KeyboardInterrupt):
+        store.get_or_train("student", {"k": 1}, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
+    partial = store.path("student", {"k": 1}).with_name(store.path("student", {"k": 1}).name + ".partial")
+    assert torch.load(partial / "state.pt", weights_only=False)["step"] == 3
+    monkeypatch.setattr(teachers, "save_checkpoint", real_save)
+    resumed = store.get_or_train("student", {"k": 1}, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
+    wa, wb = weights(full), weights(resumed)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert not partial.exists()
+
+
+def test_shipped_checkpoint_is_installed_after_its_hash_is_checked(tmp_path):
+    built = ModelStore(tmp_path / "a", shipped_dir=None).get_or_train(
+        "student", {"k": 1}, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
+    shipped = tmp_path / "shipped"
+    shutil.copytree(built, shipped / built.name)
+    (shipped / SHIPPED_MANIFEST).write_text(json.dumps({built.name: checkpoint_meta(built)["sha256"]}))
+    store = ModelStore(tmp_path / "b", shipped_dir=shipped)
+
+    def no_training(*a, **k):
+        raise AssertionError("a shipped checkpoint must not be retrained")
+
+    import kdlab.teachers as teachers
+    orig, teachers.sft = teachers.sft, no_training
+    try:
+        got = store.get_or_train("student", {"k": 1}, SPEC, PRE, mixture(), progress=False)
+    finally:
+        teachers.sft = orig
+    assert checkpoint_meta(got)["sha256"] == checkpoint_meta(built)["sha256"]
+    # a tampered shipped file is refused, naming the file
+    (shipped / SHIPPED_MANIFEST).write_text(json.dumps({built.name: "0" * 64}))
+    with pytest.raises(ValueError, match="does not match"):
+        ModelStore(tmp_path / "c", shipped_dir=shipped).get_or_train("student", {"k": 1}, SPEC, PRE, mixture(),
+                                                                      progress=False)

@@ -80,7 +80,7 @@ for ax, metric in zip(axes, ["forgetting", "sparsity"]):
                   linestyle="none", ax=ax)
     sns.stripplot(data=runs, x="lr_label", y=runs[metric] * 100, hue="cell", dodge=True, alpha=0.4,
                   legend=False, ax=ax)
-    ax.set(xlabel="learning rate", ylabel=f"{metric} (points)")
+    ax.set(xlabel="learning rate", ylabel="forgetting (points)" if metric == "forgetting" else "sparsity (% of parameters)")
 plt.show()
 
 # %% [markdown]

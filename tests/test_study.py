@@ -111,11 +111,9 @@ def test_expand_grid_adds_lambda_ends_missing_from_the_policy_grid():
     assert [(c.policy, c.lam) for c in expand_grid(profile)] == [("on", 1.0), ("off", -1.0)]
 
 
-def test_embedded_default_profile_is_the_quick_study():
-    profile = load_profile(REPO_ROOT / "params" / "quick.yaml")
-    assert (profile.name, profile.student.family, profile.student.size, profile.teacher.size) == \
-        ("quick", "llama", "student-s", "teacher-s")
-    assert (profile.distill.steps, profile.distill.batch_size) == (150, 32)
+def test_embedded_default_profile_is_a_valid_controlled_grid():
+    profile = load_profile(REPO_ROOT / "params" / "quick.yaml")  # (model sizes and budgets are calibrated)
+    assert (profile.name, profile.student.family, profile.teacher.family) == ("quick", "llama", "llama")
     cells = expand_grid(profile)
     assert len(cells) == 16 and {c.task for c in cells} == {"countdown-3"}
     assert {(c.policy, c.kl, c.lr, c.seed) for c in cells} == {(p, k, lr, s) for p in ("off", "on")

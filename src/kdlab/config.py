@@ -77,6 +77,8 @@ class DistillSpec:
     grad_clip: float | None = _f(1.0, lo=0.0, doc="max grad norm; null disables clipping")
     dtype: str = _f("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
     jsd_beta: float = _f(0.5, lo=0.0, hi=1.0)
+    sampled_direction: str = _f("reverse", choices=("forward", "reverse"),
+                                doc="the KL a sampled estimator (k1/k2/k3) targets")
     logratio_clip: float | None = _f(5.0, lo=0.0)
     plausibility_alpha: float | None = _f(0.1, lo=0.0, hi=1.0)
     offpd_pool: int = _f(2048, lo=1, doc="teacher rollouts sampled once and reused (OffPD)")

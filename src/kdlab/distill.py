@@ -11,9 +11,10 @@ from __future__ import annotations
 import math
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -85,8 +86,8 @@ def offpd_rollouts(teacher: torch.nn.Module, task: Task, pool: ProblemPool, n: i
                    teacher_prompt: Callable[[Problem], str] | None = None) -> tuple[list[Problem], list[list[int]]]:
     """Sample ``n`` teacher responses (token ids incl. </s>) to pool problems, once."""
     rng = random.Random(f"offpd:{seed}")
-    problems = [pool.problems[i % len(pool.problems)] for i in rng.sample(range(max(n, len(pool.problems))), n)] \
-        if n <= len(pool.problems) else [rng.choice(pool.problems) for _ in range(n)]
+    # distinct problems while the pool has enough, then with replacement
+    problems = rng.sample(pool.problems, n) if n <= len(pool.problems) else [rng.choice(pool.problems) for _ in range(n)]
     gen = torch.Generator().manual_seed(seed)
     responses: list[list[int]] = []
     tp = teacher_prompt or (lambda p: p.prompt)
@@ -98,8 +99,70 @@ def offpd_rollouts(teacher: torch.nn.Module, task: Task, pool: ProblemPool, n: i
     return problems, responses
 
 
-def _params_finite(model: torch.nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+# Largest OffPD teacher-logit cache kept in memory (bytes); bigger pools are scored per batch.
+TEACHER_CACHE_BYTES = 1 << 30
+
+
+class _OffPDTeacherLogits:
+    """Teacher logits of each OffPD pool response, computed the first time a batch draws it.
+
+    The teacher is frozen and a response's logits depend only on its own prompt and tokens
+    (left padding is skipped by the position ids and masked out), so a row drawn again reuses
+    them. Stored per row as (len_i, V) in the teacher's output dtype.
+    """
+
+    def __init__(self, teacher: torch.nn.Module, problems: list[Problem], responses: list[list[int]],
+                 teacher_prompt: Callable[[Problem], str]):
+        self.teacher, self.problems, self.responses, self.tp = teacher, problems, responses, teacher_prompt
+        self.rows: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def fits(teacher: torch.nn.Module, responses: list[list[int]]) -> bool:
+        """Whether the cache for the whole pool stays under ``TEACHER_CACHE_BYTES``."""
+        vocab = teacher.get_output_embeddings().weight.shape[0]
+        item = next(teacher.parameters()).element_size()
+        return sum(len(r) for r in responses) * vocab * item <= TEACHER_CACHE_BYTES
+
+    def batch(self, idx: list[int], width: int) -> tuple[torch.Tensor, int]:
+        """(B, width, V) teacher logits of pool rows ``idx`` (zeros past a row's end) and how many
+        rows came from the cache."""
+        missing = sorted({i for i in idx if i not in self.rows})
+        if missing:
+            tp, tpm = pad_left([prompt_ids(self.tp(self.problems[i])) for i in missing])
+            r, rm = pad_right([self.responses[i] for i in missing])
+            with torch.no_grad():
+                logits = response_logits(self.teacher, tp, tpm, r, rm)
+            for j, i in enumerate(missing):
+                self.rows[i] = logits[j, :len(self.responses[i])].clone()
+        first = self.rows[idx[0]]
+        out = first.new_zeros((len(idx), width, first.shape[-1]))
+        for b, i in enumerate(idx):
+            row = self.rows[i]
+            out[b, :row.shape[0]] = row
+        miss = set(missing)
+        return out, sum(1 for i in idx if i not in miss)
+
+
+@contextmanager
+def _fast_cpu_attention(*models: torch.nn.Module) -> Iterator[None]:
+    """Run CPU models that use SDPA attention with the eager (matmul) attention instead.
+
+    Same function; on CPU the eager path is faster at these sizes, mostly in backward (the fused
+    CPU attention's bf16 backward is slow). GPU models and other implementations are untouched;
+    each model's setting is restored on exit.
+    """
+    switched = []
+    for m in models:
+        cfg = getattr(m, "config", None)
+        if (cfg is not None and getattr(cfg, "_attn_implementation", None) == "sdpa"
+                and next(m.parameters()).device.type == "cpu" and hasattr(m, "set_attn_implementation")):
+            m.set_attn_implementation("eager")
+            switched.append(m)
+    try:
+        yield
+    finally:
+        for m in switched:
+            m.set_attn_implementation("sdpa")
 
 
 def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg: RunConfig, *,
@@ -128,64 +191,80 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     if cfg.policy != "off" and pool is None:
         raise ValueError(f"policy {cfg.policy!r} needs a pool of training problems (pool=...)")
     tp = teacher_prompt or (lambda p: p.prompt)
-    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
+    params = list(student.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
                             eps=1e-8)
+    cache = None
+    if cfg.policy == "off" and _OffPDTeacherLogits.fits(teacher, offpd[1]):
+        cache = _OffPDTeacherLogits(teacher, offpd[0], offpd[1], tp)
     history: list[dict[str, Any]] = []
     collapsed, collapse_step = False, None
     bar = tqdm(range(cfg.steps), desc=desc or cfg.run_id, disable=not progress, leave=False)
-    for step in bar:
-        t0 = time.perf_counter()
-        if cfg.policy == "off":
-            idx = [rng.randrange(len(offpd[0])) for _ in range(cfg.batch_size)]
-            problems = [offpd[0][i] for i in idx]
-            responses = [offpd[1][i] for i in idx]
-            r, rm = pad_right(responses)
-            entropy = float("nan")
-        else:
-            problems = pool.sample(cfg.batch_size, rng)
-            student.eval()
-            ro: Rollout = sample(student, [prompt_ids(p.prompt) for p in problems], task.max_new_tokens, lam=cfg.lam,
-                                 teacher=teacher, teacher_prompts=[prompt_ids(tp(p)) for p in problems],
-                                 temperature=cfg.temperature, logratio_clip=cfg.logratio_clip,
-                                 plausibility_alpha=cfg.plausibility_alpha, generator=gen)
-            r, rm = ro.tokens, ro.mask
-            entropy = float((ro.entropy * rm).sum() / rm.sum().clamp(min=1))
-        t1 = time.perf_counter()
-        sp, spm = pad_left([prompt_ids(p.prompt) for p in problems])
-        tpids, tpm = pad_left([prompt_ids(tp(p)) for p in problems])
-        student.train()
-        with torch.no_grad():
-            t_logits = response_logits(teacher, tpids, tpm, r, rm)  # (B, R, V)
-        s_logits = response_logits(student, sp, spm, r, rm)  # (B, R, V)
-        loss = kl_loss(s_logits, t_logits, cfg.kl, rm, temperature=1.0, beta=cfg.jsd_beta, tokens=r,
-                       sample_direction=cfg.sampled_direction)
-        if cfg.warmup:
-            for g in opt.param_groups:
-                g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
-        opt.zero_grad(set_to_none=True)
-        loss_val = loss.item()
-        if not math.isfinite(loss_val):
-            collapsed, collapse_step = True, step
-            history.append({"step": step, "loss": loss_val})
-            break
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(student.parameters(),
-                                               cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
-        opt.step()
-        with torch.no_grad():
-            n_tok = rm.sum().clamp(min=1)
-            fkl = float(token_kl(s_logits.detach(), t_logits, "forward", rm).sum() / n_tok)
-            rkl = float(token_kl(s_logits.detach(), t_logits, "reverse", rm).sum() / n_tok)
-        history.append({"step": step, "loss": loss_val, "forward_kl": fkl, "reverse_kl": rkl,
-                        "grad_norm": float(gnorm), "entropy": entropy,
-                        "length": float(rm.sum(-1).float().mean()), "lr": opt.param_groups[0]["lr"]})
-        t2 = time.perf_counter()
-        phase["rollout"] += t1 - t0
-        phase["step"] += t2 - t1
-        if not math.isfinite(float(gnorm)) or not _params_finite(student):
-            collapsed, collapse_step = True, step
-            break
-        bar.set_postfix(loss=f"{loss_val:.3f}")
+    with _fast_cpu_attention(student, teacher):
+        for step in bar:
+            t0, c0 = time.perf_counter(), time.process_time()
+            extra: dict[str, Any] = {}
+            if cfg.policy == "off":
+                idx = [rng.randrange(len(offpd[0])) for _ in range(cfg.batch_size)]
+                problems = [offpd[0][i] for i in idx]
+                responses = [offpd[1][i] for i in idx]
+                r, rm = pad_right(responses)
+                entropy = float("nan")
+            else:
+                problems = pool.sample(cfg.batch_size, rng)
+            s_prompts = [prompt_ids(p.prompt) for p in problems]
+            t_prompts = s_prompts if teacher_prompt is None else [prompt_ids(tp(p)) for p in problems]
+            if cfg.policy != "off":
+                student.eval()
+                ro: Rollout = sample(student, s_prompts, task.max_new_tokens, lam=cfg.lam, teacher=teacher,
+                                     teacher_prompts=t_prompts, temperature=cfg.temperature,
+                                     logratio_clip=cfg.logratio_clip, plausibility_alpha=cfg.plausibility_alpha,
+                                     generator=gen)
+                r, rm = ro.tokens, ro.mask
+                entropy = float((ro.entropy * rm).sum() / rm.sum().clamp(min=1))
+            t1 = time.perf_counter()
+            sp, spm = pad_left(s_prompts)
+            if cache is not None:
+                t_logits, hits = cache.batch(idx, r.shape[1])  # (B, R, V)
+                extra["teacher_cached"] = hits / len(idx)
+            else:
+                tpids, tpm = pad_left(t_prompts)
+                with torch.no_grad():
+                    t_logits = response_logits(teacher, tpids, tpm, r, rm)  # (B, R, V)
+            if not student.training:
+                student.train()
+            s_logits = response_logits(student, sp, spm, r, rm)  # (B, R, V)
+            loss = kl_loss(s_logits, t_logits, cfg.kl, rm, temperature=1.0, beta=cfg.jsd_beta, tokens=r,
+                           sample_direction=cfg.sampled_direction)
+            if cfg.warmup:
+                for g in opt.param_groups:
+                    g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+            opt.zero_grad(set_to_none=True)
+            loss_val = loss.item()
+            if not math.isfinite(loss_val):
+                collapsed, collapse_step = True, step
+                history.append({"step": step, "loss": loss_val})
+                break
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(params,
+                                                   cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
+            opt.step()
+            with torch.no_grad():
+                n_tok = rm.sum().clamp(min=1)
+                fkl = float(token_kl(s_logits.detach(), t_logits, "forward", rm).sum() / n_tok)
+                rkl = float(token_kl(s_logits.detach(), t_logits, "reverse", rm).sum() / n_tok)
+            finite = math.isfinite(float(gnorm)) and all(bool(torch.isfinite(p).all()) for p in params)
+            t2 = time.perf_counter()
+            history.append({"step": step, "loss": loss_val, "forward_kl": fkl, "reverse_kl": rkl,
+                            "grad_norm": float(gnorm), "entropy": entropy,
+                            "length": float(rm.sum(-1).float().mean()), "lr": opt.param_groups[0]["lr"],
+                            "time_s": t2 - t0, "cpu_s": time.process_time() - c0, **extra})
+            phase["rollout"] += t1 - t0
+            phase["step"] += t2 - t1
+            if not finite:
+                collapsed, collapse_step = True, step
+                break
+            bar.set_postfix(loss=f"{loss_val:.3f}")
     student.eval()
     return RunResult(history=history, collapsed=collapsed, collapse_step=collapse_step,
                      wall_s=time.perf_counter() - t_start, phase_s=phase)

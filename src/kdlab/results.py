@@ -32,7 +32,7 @@ WALL_TIME_COLUMNS = ("wall_s", "time_rollout_s", "time_step_s", "time_eval_s")
 CELL = ("task", "policy", "lam", "kl", "lr")  # a grid cell; seeds are its repetitions
 CORE_POLICIES = ("off", "on")
 CORE_KLS = ("forward", "reverse")
-# Toy-regime acceptance checks: (name, task selector, statistic, threshold in points).
+# Toy-regime acceptance thresholds, in points of accuracy gain at the low learning rate.
 ACCEPTANCE_THRESHOLDS = {"countdown-3 mean gain": 25.0, "countdown-3 best cell gain": 35.0,
                          "mean gain": 20.0}
 
@@ -71,7 +71,7 @@ def collect(study_dir: str | Path) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
     if "collapse_step" in df.columns:
         df["collapse_step"] = pd.to_numeric(df["collapse_step"], errors="coerce").astype(float)
-    df["collapsed"] = df["collapsed"].astype(bool)
+    df["collapsed"] = df["collapsed"].fillna(False).astype(bool)
     front = [c for c in REQUIRED_COLUMNS if c in df.columns]
     df = df[front + [c for c in df.columns if c not in front]]
     return df.sort_values("run_id", kind="stable").reset_index(drop=True)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from .batching import pad_left, positions
 from .mixture import mixture_logprobs
@@ -42,7 +43,7 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
 
 
 class _Stepper:
-    """One model with its own prompt and KV cache, fed one shared token per step."""
+    """One model with its own prompt and KV cache, fed one shared token per step (any HF causal LM)."""
 
     def __init__(self, model: torch.nn.Module, prompts: list[list[int]], pad_id: int = PAD_ID):
         self.model = model
@@ -61,6 +62,144 @@ class _Stepper:
         self.cache = getattr(out, self.kw)
         self.last = out.logits[:, -1].float()
         self.next_pos = self.next_pos + 1
+
+
+_FAST_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+
+
+def _fast_decoding_supported(model: torch.nn.Module) -> bool:
+    """Whether ``_StaticStepper`` reproduces ``model``: a CPU Llama / Qwen2 without sliding window
+    or attention dropout in effect, laid out as transformers builds them."""
+    if type(model).__name__ not in _FAST_ARCHS:
+        return False
+    cfg, inner = model.config, getattr(model, "model", None)
+    if getattr(cfg, "use_sliding_window", False) or (model.training and getattr(cfg, "attention_dropout", 0.0)):
+        return False
+    if inner is None or not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return False
+    layer = inner.layers[0]
+    if not all(hasattr(layer.self_attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "head_dim", "scaling")):
+        return False
+    norms = (inner.norm, layer.input_layernorm, layer.post_attention_layernorm)
+    if not all(hasattr(x, "weight") and hasattr(x, "variance_epsilon") for x in norms):
+        return False
+    return next(model.parameters()).device.type == "cpu"
+
+
+def _rotate_half_rows(w: torch.Tensor, dim: int) -> torch.Tensor:
+    """Rows of a projection ``w`` (heads * dim, ...) reordered so that ``w' x = rotate_half(w x)``
+    per head (transformers' Llama rotary helper: (x1, x2) -> (-x2, x1)); exact (a signed
+    permutation of rows)."""
+    heads = w.shape[0] // dim
+    half = dim // 2
+    r = w.view(heads, dim, *w.shape[1:])
+    return torch.cat((-r[:, half:], r[:, :half]), dim=1).reshape(w.shape)
+
+
+class _StaticStepper:
+    """``_Stepper`` for Llama / Qwen2 on CPU with a preallocated KV cache and a lean decode step.
+
+    Uses the model's own weights, rotary embedding and activation, but runs the layers itself:
+    keys/values go into preallocated (B * KV, P + N, D) buffers, the padding mask is built once,
+    the query/key/value projections run as one matmul (and the MLP's gate/up as another), the
+    prompt pass computes the head only at the last position, and each step is one short loop
+    over the layers with no per-call mask or cache objects. The arithmetic is transformers'
+    (RMSNorm in float32, rotary embedding, softmax in float32 over scaled scores with masked
+    keys at a large negative value) except that the cached keys/values are kept, and the two
+    attention matmuls run, in float32: the cached values are exact copies of the model-dtype
+    ones and the result only skips two intermediate roundings to the model dtype (small batched
+    bf16 matmuls are several times slower on CPU).
+    """
+
+    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int = PAD_ID):
+        inner = model.model
+        self.embed, self.rope, self.head = inner.embed_tokens, inner.rotary_emb, model.lm_head
+        self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
+        attn = inner.layers[0].self_attn
+        self.dim, self.scaling = attn.head_dim, attn.scaling
+        self.kv_heads = attn.k_proj.out_features // self.dim
+        self.heads = attn.q_proj.out_features // self.dim
+        self.layers = [self._fuse(layer, self.dim) for layer in inner.layers]
+        ids, mask = pad_left(prompts, pad_id)
+        B, P = ids.shape
+        self.dtype = self.embed.weight.dtype
+        width = P + max_new_tokens
+        rows = B * self.kv_heads  # one attention row per (sequence, key/value head)
+        self.keys = [torch.zeros(rows, width, self.dim) for _ in self.layers]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        neg = torch.finfo(torch.float32).min
+        # additive key mask per attention row (B * KV, 1, width): prompt padding is never attended
+        self.key_bias = torch.zeros(B, width).masked_fill_(
+            torch.cat([~mask, torch.zeros(B, max_new_tokens, dtype=torch.bool)], 1), neg)
+        self.key_bias = self.key_bias.repeat_interleave(self.kv_heads, 0)[:, None, :]
+        self.length = 0
+        g = self.heads // self.kv_heads
+        allowed = mask[:, None, :] & torch.ones(P, P, dtype=torch.bool).tril()  # (B, P queries, P keys)
+        prompt_bias = torch.zeros(B, P, P).masked_fill_(~allowed, neg)
+        prompt_bias = prompt_bias.repeat_interleave(self.kv_heads, 0).repeat(1, g, 1)  # (B * KV, g * P, P)
+        self.last = self._run(ids, positions(mask), prompt_bias).float()
+        self.next_pos = mask.sum(-1, keepdim=True)  # (B, 1)
+
+    @staticmethod
+    def _fuse(layer: torch.nn.Module, dim: int) -> tuple:
+        """Per layer: (norm1, qkv (w, b), o_proj (w, b), norm2, gate+up (w, b), act, down (w, b)).
+
+        Norms are (weight, eps). The fused projection yields [q, k, rotate_half(q),
+        rotate_half(k), v] per position, so the rotary embedding is two multiplies and an add."""
+        a, m = layer.self_attn, layer.mlp
+
+        def cat(*mods, rotated=()):
+            w = torch.cat([x.weight for x in mods] + [_rotate_half_rows(x.weight, dim) for x in rotated])
+            if mods[0].bias is None:
+                return w, None
+            return w, torch.cat([x.bias for x in mods] + [_rotate_half_rows(x.bias, dim) for x in rotated])
+
+        qk_w, qk_b = cat(a.q_proj, a.k_proj, rotated=(a.q_proj, a.k_proj))
+        qkv = (torch.cat([qk_w, a.v_proj.weight]), None if qk_b is None else torch.cat([qk_b, a.v_proj.bias]))
+        norm1 = (layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon)
+        norm2 = (layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon)
+        return (norm1, qkv, (a.o_proj.weight, a.o_proj.bias), norm2, cat(m.gate_proj, m.up_proj), m.act_fn,
+                (m.down_proj.weight, m.down_proj.bias))
+
+    def _rms(self, h: torch.Tensor, norm: tuple[torch.Tensor, float]) -> torch.Tensor:
+        """transformers' RMSNorm: normalise in float32, round to the model dtype, scale."""
+        w, eps = norm
+        return w * F.rms_norm(h.float(), (h.shape[-1],), eps=eps).to(self.dtype)
+
+    def _run(self, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Feed ids (B, T) at positions pos (B, T) with additive key bias (B * KV, g * T or 1,
+        length + T); returns the last position's logits (B, V)."""
+        B, T = ids.shape
+        H, KV, D = self.heads, self.kv_heads, self.dim
+        g, n = H // KV, H + KV
+        start, end = self.length, self.length + T
+        h = self.embed(ids)
+        cos, sin = self.rope(h, pos)
+        cos, sin = cos.unsqueeze(2), sin.unsqueeze(2)  # (B, T, 1, D)
+        for (norm1, qkv, o_proj, norm2, gate_up, act, down), kc, vc in zip(self.layers, self.keys, self.values):
+            x = F.linear(self._rms(h, norm1), *qkv).view(B, T, 2 * n + KV, D)  # [q, k, rot q, rot k, v]
+            qk = x[:, :, :n] * cos + x[:, :, n:2 * n] * sin  # (B, T, H + KV, D)
+            kc.view(B, KV, -1, D)[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
+            vc.view(B, KV, -1, D)[:, :, start:end] = x[:, :, 2 * n:].transpose(1, 2)
+            # the g query heads sharing one key/value head form one attention row: (B * KV, g * T, D)
+            q = qk[:, :, :H].transpose(1, 2).reshape(B * KV, g * T, D).float()
+            w = torch.baddbmm(bias, q, kc[:, :end].transpose(1, 2), alpha=self.scaling).softmax(-1)
+            o = torch.bmm(w, vc[:, :end]).view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+            h = h + F.linear(o.to(self.dtype), *o_proj)
+            gate, up = F.linear(self._rms(h, norm2), *gate_up).chunk(2, dim=-1)
+            h = h + F.linear(act(gate) * up, *down)
+        self.length = end
+        return self.head(self._rms(h[:, -1], self.norm))
+
+    def feed(self, tok: torch.Tensor) -> None:  # tok (B,)
+        self.last = self._run(tok[:, None], self.next_pos, self.key_bias[:, :, :self.length + 1]).float()
+        self.next_pos = self.next_pos + 1
+
+
+def _stepper(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int):
+    if _fast_decoding_supported(model):
+        return _StaticStepper(model, prompts, max_new_tokens, pad_id)
+    return _Stepper(model, prompts, pad_id)
 
 
 @torch.no_grad()
@@ -95,9 +234,9 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     if stops.numel() == 0:
         raise ValueError("eos_id must name at least one stop id, got an empty sequence")
     if need_s:
-        steppers["s"] = _Stepper(student, student_prompts, pad_id)
+        steppers["s"] = _stepper(student, student_prompts, max_new_tokens, pad_id)
     if need_t:
-        steppers["t"] = _Stepper(teacher, teacher_prompts, pad_id)
+        steppers["t"] = _stepper(teacher, teacher_prompts, max_new_tokens, pad_id)
     B = len(student_prompts)
     done = torch.zeros(B, dtype=torch.bool)
     toks, ents, alive = [], [], []

@@ -46,7 +46,7 @@ def run_config_from(profile: Profile, *, task: str | None = None, policy: str = 
                      lam=lam if lam is not None else (-1.0 if policy == "off" else 1.0), kl=kl,
                      lr=lr if lr is not None else profile.grid.lrs[0], seed=seed, steps=d.steps,
                      batch_size=d.batch_size, temperature=d.temperature, grad_clip=d.grad_clip, dtype=d.dtype,
-                     jsd_beta=d.jsd_beta, logratio_clip=d.logratio_clip, plausibility_alpha=d.plausibility_alpha,
+                     jsd_beta=d.jsd_beta, sampled_direction=d.sampled_direction, logratio_clip=d.logratio_clip, plausibility_alpha=d.plausibility_alpha,
                      offpd_pool=d.offpd_pool, warmup=d.warmup, weight_decay=d.weight_decay, data_seed=profile.data_seed)
 
 
@@ -136,6 +136,7 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     metrics: dict[str, Any] = {
         "run_id": cfg.run_id, "task": cfg.task, "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr,
         "seed": cfg.seed, "dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "steps": cfg.steps,
+        "sampled_direction": cfg.sampled_direction if cfg.kl in ("k1", "k2", "k3") else None, "jsd_beta": cfg.jsd_beta,
         "batch_size": cfg.batch_size, "temperature": cfg.temperature,
         **after,
         **{f"base_{k}": v for k, v in base.items()},

@@ -50,6 +50,8 @@ from .runs import run_config_from
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 KERNEL_NAME = "python3"
 TEACHERS_NB, RUN_NB, GRID_NB, REPORT_NB = "00_teachers.ipynb", "10_run.ipynb", "20_grid.ipynb", "30_report.ipynb"
+ANALYSIS_NBS = ("40_teaching_kl.ipynb", "50_gradients.ipynb", "60_spectrum.ipynb", "70_statistics.ipynb",
+                "80_explorer.ipynb")
 KERNEL_STARTUP_TIMEOUT_S = 180
 # Grid lists that may change between invocations of one study (each run is identified by its cell).
 GRID_LISTS = ("policies", "kls", "lrs", "seeds", "lambdas")
@@ -551,12 +553,23 @@ def _worker(kernel: WarmKernel, todo: queue.Queue, done: queue.Queue, ctx: dict[
         done.put((cfg, recorded, _execute_run(kernel, cfg, recorded, ctx), kernel.index))
 
 
-def _export_html(report_nb: Path, html: Path) -> None:
-    """The executed report as standalone HTML with the code cells hidden (written atomically)."""
+def _export_html(notebooks: list[Path], html: Path) -> None:
+    """The executed report, followed by the analysis notebooks, as one standalone HTML page with
+    the code cells hidden (written atomically). A notebook that is missing is skipped."""
     from nbconvert import HTMLExporter
 
+    combined = None
+    for path in notebooks:
+        if not path.exists():
+            continue
+        nb = nbformat.read(path, as_version=4)
+        if combined is None:
+            combined = nb
+        else:
+            combined.cells.extend(c for c in nb.cells if "parameters" not in c.get("metadata", {}).get("tags", [])
+                                  and "injected-parameters" not in c.get("metadata", {}).get("tags", []))
     exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(nbformat.read(report_nb, as_version=4))
+    body, _ = exporter.from_notebook_node(combined)
     write_text_atomic(html, body)
 
 
@@ -753,7 +766,22 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
                     _say(f"kdlab study: the report notebook failed: {outcome.error['ename']}: {outcome.error['evalue']}")
                 else:
                     (study_dir / "report_error.json").unlink(missing_ok=True)
-                _export_html(study_dir / "report.ipynb", study_dir / "report.html")
+                sections = [study_dir / "report.ipynb"]
+                for name in ANALYSIS_NBS:  # 50 (gradients) before 70 (its scoreboard reads bound.csv)
+                    out = study_dir / "analysis" / name
+                    out.parent.mkdir(exist_ok=True)
+                    outcome = k0.submit(_execute_safely, k0, _notebook(name), out, {"study_dir": str(study_dir)},
+                                        out.parent).result()
+                    invocation["notebooks"][name.split(".")[0] + "_s"] = round(outcome.seconds, 3)
+                    err_path = out.with_name(out.stem + "_error.json")
+                    if outcome.error:
+                        report_ok = False
+                        _record_error(err_path, outcome)
+                        _say(f"kdlab study: analysis notebook {name} failed: {outcome.error['ename']}: {outcome.error['evalue']}")
+                    else:
+                        err_path.unlink(missing_ok=True)
+                    sections.append(out)
+                _export_html(sections, study_dir / "report.html")
         save_timing()
     except BaseException:
         stop.set()

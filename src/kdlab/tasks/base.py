@@ -14,6 +14,7 @@ Text conventions (the tokenizer is character level, see ``kdlab.tokenizer``):
 from __future__ import annotations
 
 import hashlib
+from abc import ABC, abstractmethod
 import random
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -56,7 +57,7 @@ def final_answer(completion: str) -> str | None:
     return completion.rsplit(ANSWER_MARK, 1)[1].strip()
 
 
-class Task:
+class Task(ABC):
     """Base class: subclasses set ``name``, ``tag``, ``max_new_tokens`` and implement the four
     methods. ``problems`` must be deterministic in (split, count, seed) and only return
     problems whose ``split_of(key)`` equals ``split``; problems within one call are distinct."""
@@ -65,18 +66,21 @@ class Task:
     tag: str = ""
     max_new_tokens: int = 64  # completion budget, in characters (= tokens)
 
+    @abstractmethod
     def problems(self, split: Split, count: int, seed: int = 0) -> list[Problem]:
-        raise NotImplementedError
+        ...
 
     def capacity(self, split: Split) -> int | None:
         """How many distinct problems ``problems(split, ...)`` can return (None: effectively
         unbounded). Pools of training problems are capped at this."""
         return None
 
+    @abstractmethod
     def reference(self, problem: Problem, rng: random.Random) -> str:
         """A correct completion (trace + ANSWER_MARK + answer) for teacher training."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def score(self, problem: Problem, completion: str) -> float:
         """1.0 if the completion's final answer is verified correct, else 0.0."""
-        raise NotImplementedError
+        ...

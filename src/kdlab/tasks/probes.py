@@ -25,6 +25,7 @@ The key is the prompt body (tag and ":" removed), so it is canonical and splits 
 from __future__ import annotations
 
 import random
+from abc import abstractmethod
 import string
 
 from kdlab.tasks.base import (
@@ -53,13 +54,15 @@ class ProbeTask(Task):
         super().__init_subclass__(**kwargs)
         cls.name = f"probe-{cls.skill}"
 
+    @abstractmethod
     def sample_key(self, rng: random.Random) -> str:
         """One random key (the prompt body) drawn with ``rng``."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def answer(self, key: str) -> str:
         """The correct answer for ``key``."""
-        raise NotImplementedError
+        ...
 
     def problem_for_key(self, key: str) -> Problem:
         """The problem whose prompt body is ``key``."""

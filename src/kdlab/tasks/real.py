@@ -20,6 +20,8 @@ evaluation (a benchmark) puts every row in "test" (``fractions=(0, 0, 1)``).
 """
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import hashlib
 import json
 import random
@@ -128,8 +130,9 @@ class RealTask(Task):
         for prob in self.all_problems:
             self._splits[split_of(prob.key, self.fractions)].append(prob)
 
+    @abstractmethod
     def _problem(self, row: dict[str, Any], where: str) -> Problem | None:
-        raise NotImplementedError
+        ...
 
     def _render(self, body: str) -> str:
         return f"{body}\n\n{self.instruction}" if self.instruction else body

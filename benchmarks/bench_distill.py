@@ -9,9 +9,9 @@ What is compared
 Both frameworks train the same student ("student-s", 0.87M parameters) from the same teacher (a
 6.06M-parameter Llama: hidden 256, 8 layers, 4 heads, MLP 640), both built with
 ``kdlab.models.build_model`` and run in bf16 (parameters and compute, no fp32 master copy, as the
-study runs), on the same countdown-3 prompts, batch 32, at most 32 new tokens, AdamW at the same
-learning rate (constant), gradient clipping at 1.0, temperature 1. Four cells: OffPD / OnPD x
-forward / reverse KL.
+study runs), on the same countdown-3 prompts (the OffPD pool's prompts, which both also sample
+on-policy), batch 32, at most 32 new tokens, AdamW at the same learning rate (constant),
+gradient clipping at 1.0, temperature 1. Four cells: OffPD / OnPD x forward / reverse KL.
 
 * kdlab: ``kdlab.distill.distill`` with a ``RunConfig``, exactly as the study calls it; the time
   of each step is read from its history (``time_s``: rollout + teacher + student update +
@@ -27,25 +27,34 @@ forward / reverse KL.
   SFT-derived default turns it on, which would also disable the KV cache during generation) and
   ``bf16`` autocast is off because the models already are bf16.
 
-Throughput counts the response tokens each step trains on (masked-in positions) per second.
-Each cell and framework runs in a fresh subprocess: ``WARMUP`` steps are excluded, then
-``REPEATS`` windows of ``WINDOW`` steps are timed and the median window is quoted.
+Throughput counts the response tokens each step trains on (masked-in positions) per second of
+wall time (``*_tokens_per_s``; the ratio and the targets use these) and, because this machine
+may be shared, also per second of the process's own CPU time (``*_tokens_per_cpu_s``,
+``ratio_cpu``). Each cell and framework runs in a fresh subprocess with one thread
+(``OMP_NUM_THREADS=1``): a warm-up run of ``warmup`` steps first (process-level lazy
+initialisation: allocator, kernels, autograd engine), then the measured run (a new
+``distill`` call / a new trainer) of ``repeats`` windows of ``window`` steps; the median window
+is quoted.
 
 OffPD teacher-logit cache
 -------------------------
-kdlab caches the teacher's logits of each OffPD pool response the first time a batch draws it.
+kdlab caches the teacher's logits of each OffPD pool response the first time a run draws it.
 Its benefit grows during a run: over a study run (150 steps x 32 rows from a 2,048-response
-pool) 61% of the rows drawn are served from the cache. The benchmark's short runs use a smaller
-pool, sized so that the expected share of cached rows during the timed steps equals that study
-run average; the measured share is reported as ``kdlab_teacher_cache_hit``.
+pool) 61% of the rows drawn are served from the cache. The benchmark's short measured run uses
+a smaller pool, sized so that the expected share of cached rows over the run equals that study
+run average; the measured share is reported as ``kdlab_teacher_cache_hit``. TRL reads the same
+pool.
 
 Peak memory
 -----------
-Per subprocess: the resident set size right after the models, data and framework objects are
-set up is the baseline; the kernel's peak-RSS counter (``VmHWM``) is reset there (writing ``5``
-to ``/proc/self/clear_refs``) and read after training; the peak is that high-water mark minus
-the baseline (MiB). It counts everything the training phase allocates (optimizer state,
-activations, caches), measured by the kernel, not by Python.
+Per subprocess, for the measured run only: free heap memory is first handed back to the OS
+(glibc ``malloc_trim``, so memory freed by the warm-up run cannot hide the run's allocations),
+then the resident set size (models, data, framework objects) is the baseline; the kernel's
+peak-RSS counter (``VmHWM``) is reset there (writing ``5`` to ``/proc/self/clear_refs``) and
+read after the run; the peak is that high-water mark minus the baseline (MiB). It counts what
+the training phase allocates (optimizer state, activations, caches), measured by the kernel,
+not by Python; one-time process initialisation (tens of MiB on the first backward pass) falls
+in the warm-up run and is not counted.
 
 Equal work
 ----------
@@ -53,7 +62,10 @@ Equal work
 logits from the same models), kdlab's ``kl_loss`` and TRL's ``GKDTrainer.generalized_jsd_loss``
 (labels = the response tokens, -100 on padding; its "batchmean" reduction divides the summed
 per-token KL by the number of unmasked tokens, which is kdlab's masked token mean) must agree
-to 1e-4.
+to 1e-4. The check isolates the loss function: inside its trainer TRL evaluates it in the
+logits' dtype (bf16 here; kdlab upcasts to float32) and divides by the Trainer's
+``num_items_in_batch``, which is counted from the collated dataset labels before on-policy
+generation replaces them, so TRL's logged on-policy losses are scaled by that count.
 
 ``--kl-memory``: peak extra memory of ``kdlab.kl.token_kl_chunked`` against a naive
 two-log-softmax KL (forward + backward) at a Llama-3 vocabulary (128,256) and 4,096 tokens
@@ -62,6 +74,8 @@ with bf16 logits, each in its own subprocess, same RSS method; values compared t
 from __future__ import annotations
 
 import argparse
+import ctypes
+import gc
 import json
 import math
 import os
@@ -90,7 +104,7 @@ from kdlab.distill import RunConfig, distill, offpd_rollouts  # noqa: E402
 from kdlab.kl import kl_loss  # noqa: E402
 from kdlab.models import build_model  # noqa: E402
 from kdlab.tasks import get_task  # noqa: E402
-from kdlab.tokenizer import PAD_ID, build_tokenizer  # noqa: E402
+from kdlab.tokenizer import build_tokenizer  # noqa: E402
 
 TEACHER_SIZE: dict[str, int] = dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
                                     num_key_value_heads=4, intermediate_size=640)
@@ -104,7 +118,7 @@ TRL_BETA = {"forward": 0.0, "reverse": 1.0}  # TRL's generalized JSD: beta=0 -> 
 TRL_LMBDA = {"off": 0.0, "on": 1.0}  # share of steps on student-generated data
 STUDY_POOL, STUDY_STEPS = 2048, 150  # the study's OffPD pool and run length (batch 32)
 FULL = dict(warmup=2, window=4, repeats=3)
-QUICK = dict(warmup=1, window=2, repeats=1)
+QUICK = dict(warmup=1, window=2, repeats=2)
 TARGETS = {"off": 2.0, "on": 1.5}
 LOSS_TOL = 1e-4
 
@@ -123,14 +137,14 @@ def cached_share(pool: int, first_draw: int, last_draw: int) -> float:
     return 1.0 - n / (last_draw - first_draw) * (math.exp(-first_draw / n) - math.exp(-last_draw / n))
 
 
-def matched_pool_size(warmup: int, timed: int, batch: int) -> int:
-    """OffPD pool size whose expected cached share over the timed steps equals a study run's."""
+def matched_pool_size(steps: int, batch: int) -> int:
+    """OffPD pool size whose expected cached share over a run of ``steps`` x ``batch`` draws
+    equals a study run's (150 x 32 draws from 2,048 responses: 0.614)."""
     target = cached_share(STUDY_POOL, 0, STUDY_STEPS * 32)
-    k0, k1 = warmup * batch, (warmup + timed) * batch
     lo, hi = 1, 1 << 20  # cached_share decreases as the pool grows
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if cached_share(mid, k0, k1) > target else (lo, mid)
+        lo, hi = (mid, hi) if cached_share(mid, 0, steps * batch) > target else (lo, mid)
     return hi
 
 
@@ -149,11 +163,12 @@ def bench_task(new_tokens: int = NEW_TOKENS):
 
 
 def make_data(teacher: torch.nn.Module, n_offpd: int, new_tokens: int = NEW_TOKENS, pool_size: int = 512) -> dict:
-    """Training prompts and ``n_offpd`` cached teacher responses (the OffPD pool), seed 0."""
+    """``n_offpd`` countdown-3 training prompts with one teacher response each (the OffPD pool;
+    its prompts are also the OnPD prompts of both frameworks), seed 0."""
     task = bench_task(new_tokens)
     pool = ProblemPool(task, "train", pool_size, seed=0)
     problems, responses = offpd_rollouts(teacher, task, pool, n_offpd, 1.0, seed=0, max_new_tokens=new_tokens)
-    return {"pool": pool.problems, "problems": problems, "responses": responses, "new_tokens": new_tokens}
+    return {"problems": problems, "responses": responses, "new_tokens": new_tokens}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,14 +181,26 @@ def _status_kib(field: str) -> int:
     return int(re.search(rf"^{field}:\s+(\d+) kB", text, re.M).group(1))
 
 
+def _release_free_heap() -> None:
+    """Return memory that is free but still held by the C allocator to the OS (glibc
+    ``malloc_trim``), so that RSS counts live memory only; a no-op elsewhere."""
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class PeakRSS:
     """Peak resident memory of this process above a baseline, from the kernel's own counter.
 
-    ``start()`` records the current RSS and resets the peak (``/proc/self/clear_refs`` = 5);
-    ``peak_mb()`` returns (VmHWM - baseline) in MiB.
+    ``start()`` releases free heap memory (otherwise a run could reuse memory freed by an
+    earlier one without RSS growing), records the current RSS and resets the peak
+    (``/proc/self/clear_refs`` = 5); ``peak_mb()`` returns (VmHWM - baseline) in MiB.
     """
 
     def start(self) -> None:
+        _release_free_heap()
         self.base = _status_kib("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")
 
@@ -186,15 +213,15 @@ class PeakRSS:
 # ---------------------------------------------------------------------------------------------
 
 
-def _windows(wall: list[float], cpu: list[float], tokens: list[float], warmup: int, window: int, repeats: int
+def _windows(wall: list[float], cpu: list[float], tokens: list[float], window: int, repeats: int
              ) -> dict[str, Any]:
-    """Medians over ``repeats`` windows of ``window`` steps after ``warmup``: response tokens and
-    steps per second of wall time and per second of this process's CPU time."""
+    """Medians over ``repeats`` consecutive windows of ``window`` steps: response tokens and steps
+    per second of wall time and per second of this process's CPU time."""
     out: dict[str, Any] = {}
     for clock, times in (("s", wall), ("cpu_s", cpu)):
         tps, sps = [], []
         for r in range(repeats):
-            sl = slice(warmup + r * window, warmup + (r + 1) * window)
+            sl = slice(r * window, (r + 1) * window)
             t = sum(times[sl])
             tps.append(sum(tokens[sl]) / t)
             sps.append(window / t)
@@ -205,39 +232,53 @@ def _windows(wall: list[float], cpu: list[float], tokens: list[float], warmup: i
     return out
 
 
+def _pool_of(task: Any, problems: list) -> ProblemPool:
+    """A ProblemPool holding exactly ``problems`` (the parent's draw; nothing is regenerated)."""
+    pool = ProblemPool.__new__(ProblemPool)
+    pool.task, pool.problems = task, problems
+    return pool
+
+
 def run_kdlab(policy: str, kl: str, data: dict, warmup: int, window: int, repeats: int,
-              teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE, offpd_pool: int | None = None
+              teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE, batch: int = BATCH
               ) -> dict[str, Any]:
-    """Time ``kdlab.distill.distill`` on one cell; returns throughput, peak memory and losses."""
+    """Time ``kdlab.distill.distill`` on one cell: a warm-up run, then the measured run.
+
+    Returns throughput (tokens and steps per second, wall and CPU), peak memory of the measured
+    run (MiB), its per-step losses and, for OffPD, the share of rows served from the teacher cache.
+    """
     torch.manual_seed(0)
     teacher, student = build_models(teacher_size, student_size)
     task = bench_task(data["new_tokens"])
-    pool = ProblemPool.__new__(ProblemPool)  # the exact prompts the parent drew
-    pool.task, pool.problems = task, data["pool"]
-    n = len(data["responses"]) if offpd_pool is None else offpd_pool
-    offpd = (data["problems"][:n], data["responses"][:n])
-    steps = warmup + window * repeats
-    cfg = RunConfig(task=TASK, policy=policy, kl=kl, lr=LR, seed=0, steps=steps, batch_size=BATCH, temperature=1.0,
-                    grad_clip=1.0, dtype="bf16", offpd_pool=n)
+    pool = _pool_of(task, data["problems"])
+    offpd = (data["problems"], data["responses"]) if policy == "off" else None
+
+    def cfg(steps: int) -> RunConfig:
+        return RunConfig(task=TASK, policy=policy, kl=kl, lr=LR, seed=0, steps=steps, batch_size=batch,
+                         temperature=1.0, grad_clip=1.0, dtype="bf16", offpd_pool=len(data["responses"]))
+
+    if warmup:
+        distill(student, teacher, task, cfg(warmup), offpd=offpd, pool=pool, progress=False)
+    steps = window * repeats
     mem = PeakRSS()
     mem.start()
-    res = distill(student, teacher, task, cfg, offpd=offpd if policy == "off" else None, pool=pool, progress=False)
+    res = distill(student, teacher, task, cfg(steps), offpd=offpd, pool=pool, progress=False)
     peak = mem.peak_mb()
     if res.collapsed or len(res.history) != steps:
         raise RuntimeError(f"kdlab run {policy}/{kl} stopped early: {res.history[-1]}")
-    tokens = [h["length"] * BATCH for h in res.history]
-    out = _windows([h["time_s"] for h in res.history], [h["cpu_s"] for h in res.history], tokens, warmup, window,
-                   repeats)
+    tokens = [h["length"] * batch for h in res.history]
+    out = _windows([h["time_s"] for h in res.history], [h["cpu_s"] for h in res.history], tokens, window, repeats)
     out.update(peak_mb=peak, loss=[h["loss"] for h in res.history])
-    hits = [h["teacher_cached"] for h in res.history[warmup:] if "teacher_cached" in h]
+    hits = [h["teacher_cached"] for h in res.history if "teacher_cached" in h]
     if hits:
         out["teacher_cache_hit"] = sum(hits) / len(hits)
     return out
 
 
 def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats: int,
-            teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE) -> dict[str, Any]:
-    """Time TRL's GKDTrainer on one cell (same models, prompts, batch, lr, KL direction)."""
+            teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE, batch: int = BATCH) -> dict[str, Any]:
+    """Time TRL's GKDTrainer on one cell (same models, prompts, batch, lr, KL direction): a
+    warm-up trainer, then the measured one. Returns what :func:`run_kdlab` returns."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl.experimental.gkd import GKDConfig, GKDTrainer
@@ -246,11 +287,16 @@ def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats:
     teacher, student = build_models(teacher_size, student_size)
     student = student.to(torch.bfloat16)
     tok = build_tokenizer()
+    steps = window * repeats
+    # The OffPD pool, cycled to exactly batch x steps rows: every step gets a full batch and no
+    # epoch boundary (dataloader restart, short last batch) falls inside a run.
     rows = []
-    for p, resp in zip(data["problems"], data["responses"]):
+    pairs = list(zip(data["problems"], data["responses"]))
+    for i in range(batch * max(steps, warmup)):
+        p, resp = pairs[i % len(pairs)]
         ids = prompt_ids(p.prompt)
         rows.append({"prompt": p.prompt, "input_ids": ids + resp, "completion_mask": [0] * len(ids) + [1] * len(resp)})
-    steps = warmup + window * repeats
+    dataset = Dataset.from_list(rows)
     stamps: list[tuple[float, float]] = []  # (wall, cpu) at the start and at the end of every step
     tokens: list[int] = []
 
@@ -270,25 +316,32 @@ def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats:
             tokens.append(int((inputs["labels"][:, 1:] != -100).sum()))
             return loss
 
-    with tempfile.TemporaryDirectory() as tmp:
-        args = GKDConfig(output_dir=tmp, per_device_train_batch_size=BATCH, gradient_accumulation_steps=1,
-                         max_steps=steps, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+    def trainer(max_steps: int, out_dir: str) -> GKDTrainer:
+        args = GKDConfig(output_dir=out_dir, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
+                         max_steps=max_steps, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
                          weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", lmbda=TRL_LMBDA[policy],
                          beta=TRL_BETA[kl], temperature=1.0, max_new_tokens=data["new_tokens"], seq_kd=False,
                          gradient_checkpointing=False, bf16=False, use_cpu=True, seed=0, data_seed=0,
-                         dataloader_num_workers=0, logging_strategy="no", save_strategy="no", report_to="none",
-                         disable_tqdm=True)
-        trainer = CountingGKD(model=student, teacher_model=teacher, args=args, processing_class=tok,
-                              train_dataset=Dataset.from_list(rows), callbacks=[Clock()])
+                         dataloader_num_workers=0, dataloader_drop_last=True, logging_strategy="no",
+                         save_strategy="no", report_to="none", disable_tqdm=True)
+        return CountingGKD(model=student, teacher_model=teacher, args=args, processing_class=tok,
+                           train_dataset=dataset, callbacks=[Clock()])
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if warmup:
+            trainer(warmup, tmp).train()
+            stamps.clear()
+            tokens.clear()
+        measured = trainer(steps, tmp)
         mem = PeakRSS()
         mem.start()
-        trainer.train()
+        measured.train()
         peak = mem.peak_mb()
     wall = [b[0] - a[0] for a, b in zip(stamps, stamps[1:])]
     cpu = [b[1] - a[1] for a, b in zip(stamps, stamps[1:])]
     if len(wall) != steps or len(tokens) != steps:
         raise RuntimeError(f"TRL ran {len(wall)} steps, expected {steps}")
-    out = _windows(wall, cpu, [float(t) for t in tokens], warmup, window, repeats)
+    out = _windows(wall, cpu, [float(t) for t in tokens], window, repeats)
     out.update(peak_mb=peak)
     return out
 
@@ -323,3 +376,236 @@ def trl_available() -> bool:
     except ImportError:
         return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# chunked KL memory at a Llama-3 vocabulary
+# ---------------------------------------------------------------------------------------------
+
+KL_VOCAB = 128_256
+KL_TOKENS = 4_096
+KL_CHUNKS = (1024, 256)  # 1024 is token_kl_chunked's default
+KL_MEMORY_TARGET = 0.30
+KL_VALUE_TOL = 1e-5
+KL_GRAD_ROWS = 64  # rows of the student gradient compared between the two implementations
+
+
+def _kl_inputs(tokens: int, vocab: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """bf16 student (requires grad) and teacher logits (tokens, vocab), ~N(0, 2^2), and a mask
+    with ~10% of positions off; filled 256 rows at a time so no float32 copy of the whole exists."""
+    g = torch.Generator().manual_seed(seed)
+    student = torch.empty(tokens, vocab, dtype=torch.bfloat16)
+    teacher = torch.empty(tokens, vocab, dtype=torch.bfloat16)
+    for start in range(0, tokens, 256):
+        n = min(256, tokens - start)
+        student[start:start + n] = torch.randn(n, vocab, generator=g) * 2
+        teacher[start:start + n] = torch.randn(n, vocab, generator=g) * 2
+    mask = torch.rand(tokens, generator=g) > 0.1
+    return student.requires_grad_(), teacher, mask
+
+
+def kl_memory_worker(kind: str, tokens: int, vocab: int, chunk_size: int, out_path: str) -> dict[str, Any]:
+    """Forward + backward of one KL implementation on bf16 logits; peak RSS above the inputs.
+
+    ``kind``: "naive" (``kdlab.kl.token_kl``: two full float32 log-softmaxes) or "chunked"
+    (``kdlab.kl.token_kl_chunked`` with ``chunk_size``). Per-token values and the first
+    ``KL_GRAD_ROWS`` rows of the student gradient are saved to ``out_path`` for comparison.
+    """
+    from kdlab.kl import token_kl, token_kl_chunked
+
+    student, teacher, mask = _kl_inputs(tokens, vocab)
+    mem = PeakRSS()
+    t0 = time.perf_counter()
+    mem.start()
+    if kind == "naive":
+        per_token = token_kl(student, teacher, "forward", mask)
+    elif kind == "chunked":
+        per_token = token_kl_chunked(student, teacher, "forward", mask, chunk_size=chunk_size)
+    else:
+        raise ValueError(f"kind must be 'naive' or 'chunked', got {kind!r}")
+    (per_token.sum() / mask.sum()).backward()
+    peak = mem.peak_mb()
+    wall = time.perf_counter() - t0
+    torch.save({"values": per_token.detach(), "grad": student.grad[:KL_GRAD_ROWS].float()}, out_path)
+    return {"kind": kind, "chunk_size": chunk_size if kind == "chunked" else None, "peak_mb": peak, "wall_s": wall,
+            "inputs_mb": 2 * tokens * vocab * 2 / 2**20}
+
+
+def kl_memory_section(tokens: int = KL_TOKENS, vocab: int = KL_VOCAB, chunks: tuple[int, ...] = KL_CHUNKS
+                      ) -> dict[str, Any]:
+    """Peak extra memory of the chunked KL against the naive one, each in its own subprocess."""
+    import psutil
+
+    # the naive forward + backward holds about six (tokens, vocab) float32 tensors at once
+    need = 6 * tokens * vocab * 4 + 2 * tokens * vocab * 2
+    note = None
+    while need > 0.8 * psutil.virtual_memory().available and tokens > 256:
+        tokens //= 2
+        need = 6 * tokens * vocab * 4 + 2 * tokens * vocab * 2
+        note = f"reduced to {tokens} tokens to fit the available memory"
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = [("naive", 0)] + [("chunked", c) for c in chunks]
+        results, saved = [], []
+        for kind, chunk in runs:
+            path = str(Path(tmp) / f"{kind}{chunk}.pt")
+            results.append(_subprocess(["--worker", "klmem", "--kind", kind, "--tokens", str(tokens), "--vocab",
+                                        str(vocab), "--chunk-size", str(chunk), "--tensors", path]))
+            saved.append(torch.load(path))
+    naive = results[0]
+    ref_v, ref_g = saved[0]["values"], saved[0]["grad"]
+    chunked = []
+    for res, got in zip(results[1:], saved[1:]):
+        value_diff = float((got["values"] - ref_v).abs().max())
+        grad_diff = float((got["grad"] - ref_g).abs().max())
+        share = res["peak_mb"] / naive["peak_mb"]
+        chunked.append({**res, "share_of_naive": share, "value_max_abs_diff": value_diff,
+                        "grad_max_abs_diff": grad_diff, "meets_memory_target": share <= KL_MEMORY_TARGET,
+                        "meets_value_tolerance": value_diff <= KL_VALUE_TOL})
+    return {"tokens": tokens, "vocab": vocab, "dtype": "bf16", "direction": "forward", "naive": naive,
+            "chunked": chunked, "target_share": KL_MEMORY_TARGET, "value_tolerance": KL_VALUE_TOL, "note": note}
+
+
+# ---------------------------------------------------------------------------------------------
+# orchestration
+# ---------------------------------------------------------------------------------------------
+
+
+def _subprocess(args: list[str]) -> dict[str, Any]:
+    """Run this file as a worker in a fresh single-threaded interpreter; returns its JSON result."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        result = f.name
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+               TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+    try:
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args, "--result", result], env=env,
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"worker {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+        return json.loads(Path(result).read_text())
+    finally:
+        Path(result).unlink(missing_ok=True)
+
+
+def run_cells(settings: dict[str, int], cells: tuple[tuple[str, str], ...] = CELLS, with_trl: bool = True,
+              log=print) -> list[dict[str, Any]]:
+    """Both frameworks on every cell, each in its own subprocess; the equal-work check per KL."""
+    steps = settings["window"] * settings["repeats"]
+    n_pool = max(matched_pool_size(steps, BATCH), BATCH)
+    torch.manual_seed(0)
+    teacher, _ = build_models()
+    log(f"sampling the OffPD pool: {n_pool} teacher responses to countdown-3 prompts ...")
+    data = make_data(teacher, n_pool)
+    losses = {kl: loss_abs_diff(kl, data) for kl in {k for _, k in cells}} if with_trl else {}
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        data_path = Path(tmp) / "data.pkl"
+        data_path.write_bytes(pickle.dumps(data))
+        for i, (policy, kl) in enumerate(cells):
+            order = ["kdlab", "trl"] if with_trl else ["kdlab"]
+            if i % 2:  # alternate which framework runs first
+                order.reverse()
+            res = {}
+            for fw in order:
+                log(f"  {policy}-policy / {kl} KL: {fw} ...")
+                res[fw] = _subprocess(["--worker", fw, "--policy", policy, "--kl", kl, "--data", str(data_path),
+                                       *[f"--{k}={v}" for k, v in settings.items()]])
+            k, t = res["kdlab"], res.get("trl")
+            cell: dict[str, Any] = {
+                "policy": policy, "kl": kl,
+                "kdlab_tokens_per_s": k["tokens_per_s"], "trl_tokens_per_s": t and t["tokens_per_s"],
+                "ratio": t and k["tokens_per_s"] / t["tokens_per_s"],
+                "kdlab_steps_per_s": k["steps_per_s"], "trl_steps_per_s": t and t["steps_per_s"],
+                "kdlab_tokens_per_cpu_s": k["tokens_per_cpu_s"], "trl_tokens_per_cpu_s": t and t["tokens_per_cpu_s"],
+                "ratio_cpu": t and k["tokens_per_cpu_s"] / t["tokens_per_cpu_s"],
+                "kdlab_peak_mb": k["peak_mb"], "trl_peak_mb": t and t["peak_mb"],
+                "loss_abs_diff": losses[kl]["loss_abs_diff"] if losses else None,
+                "loss_within_tolerance": losses[kl]["loss_abs_diff"] <= LOSS_TOL if losses else None,
+                "target_ratio": TARGETS[policy],
+                "meets_target": None if t is None else k["tokens_per_s"] / t["tokens_per_s"] >= TARGETS[policy],
+                "kdlab_teacher_cache_hit": k.get("teacher_cache_hit"),
+                "kdlab_window_tokens_per_s": k["window_tokens_per_s"],
+                "trl_window_tokens_per_s": t and t["window_tokens_per_s"],
+                "kdlab_step_s": k["step_wall_s"], "trl_step_s": t and t["step_wall_s"],
+                "setup": {"teacher": TEACHER_SIZE, "student": STUDENT_SIZE, "task": TASK, "batch": BATCH,
+                          "new_tokens": NEW_TOKENS, "lr": LR, "dtype": "bf16", "threads": 1,
+                          "offpd_pool": n_pool, **settings},
+            }
+            out.append(cell)
+    return out
+
+
+def _fmt(x: Any, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(cells: list[dict[str, Any]]) -> None:
+    head = (f"{'policy':6} {'KL':8} {'kdlab tok/s':>11} {'TRL tok/s':>9} {'ratio':>6} {'target':>6} {'cpu ratio':>9} "
+            f"{'kdlab MiB':>9} {'TRL MiB':>8} {'loss diff':>9} {'cache':>5}")
+    print(head)
+    print("-" * len(head))
+    for c in cells:
+        print(f"{c['policy']:6} {c['kl']:8} {c['kdlab_tokens_per_s']:11.0f} {_fmt(c['trl_tokens_per_s'], '9.0f')} "
+              f"{_fmt(c['ratio'], '6.2f')} {c['target_ratio']:6.1f} {_fmt(c['ratio_cpu'], '9.2f')} "
+              f"{c['kdlab_peak_mb']:9.1f} {_fmt(c['trl_peak_mb'], '8.1f')} {_fmt(c['loss_abs_diff'], '9.1e')} "
+              f"{_fmt(c['kdlab_teacher_cache_hit'], '5.2f')}")
+
+
+def print_kl_memory(res: dict[str, Any]) -> None:
+    print(f"\nKL memory, forward + backward, {res['tokens']} tokens x vocab {res['vocab']}, bf16 logits "
+          f"(peak RSS above the inputs){'; ' + res['note'] if res['note'] else ''}:")
+    print(f"  naive token_kl        {res['naive']['peak_mb']:9.0f} MiB  ({res['naive']['wall_s']:.1f} s)")
+    for c in res["chunked"]:
+        print(f"  chunked (chunk {c['chunk_size']:5d}) {c['peak_mb']:9.0f} MiB  = {c['share_of_naive']:.0%} of naive "
+              f"(target <= {res['target_share']:.0%}: {'met' if c['meets_memory_target'] else 'MISSED'}); "
+              f"max |value diff| {c['value_max_abs_diff']:.1e}, max |grad diff| {c['grad_max_abs_diff']:.1e} "
+              f"({c['wall_s']:.1f} s)")
+
+
+def _worker(args: argparse.Namespace) -> dict[str, Any]:
+    torch.set_num_threads(1)
+    if args.worker == "klmem":
+        return kl_memory_worker(args.kind, args.tokens, args.vocab, args.chunk_size, args.tensors)
+    data = pickle.loads(Path(args.data).read_bytes())
+    fn = run_kdlab if args.worker == "kdlab" else run_trl
+    return fn(args.policy, args.kl, data, args.warmup, args.window, args.repeats)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer timed steps (a smoke run, not a measurement)")
+    ap.add_argument("--kl-memory", action="store_true", help="also measure the chunked KL's peak memory")
+    ap.add_argument("--no-distill", action="store_true", help="skip the kdlab-vs-TRL cells")
+    ap.add_argument("--out", default=str(REPO_ROOT / "outputs" / "bench" / "distill.json"))
+    ap.add_argument("--worker", choices=["kdlab", "trl", "klmem"], help=argparse.SUPPRESS)
+    for name in ("policy", "kl", "data", "result", "kind", "tensors"):
+        ap.add_argument(f"--{name.replace('_', '-')}", help=argparse.SUPPRESS)
+    for name in ("warmup", "window", "repeats", "tokens", "vocab", "chunk-size"):
+        ap.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        Path(args.result).write_text(json.dumps(_worker(args)))
+        return 0
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not args.no_distill:
+        with_trl = trl_available()
+        if not with_trl:
+            print("trl is not importable (pip install -e .[bench]): timing kdlab only")
+        cells = run_cells(QUICK if args.quick else FULL, with_trl=with_trl)
+        out.write_text(json.dumps(cells, indent=2))
+        print()
+        print_table(cells)
+        print(f"\nratio = kdlab / TRL response tokens per wall second (median window); targets: >= 2.0 off-policy, "
+              f">= 1.5 on-policy. cpu ratio: the same per CPU second. loss diff: |kdlab - TRL| loss on one "
+              f"identical batch. cache: share of OffPD rows served from kdlab's teacher-logit cache. Wrote {out}")
+    if args.kl_memory:
+        res = kl_memory_section()
+        (out.parent / "kl_memory.json").write_text(json.dumps(res, indent=2))
+        print_kl_memory(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -489,3 +489,15 @@ def test_notebook_50_gradients(study_dir, tmp_path):
     bound = pd.read_csv(out / "bound.csv")
     assert len(bound) == 4 and bound.loc[bound.direction == "forward", "below_bound"].all()
     assert (out / "update_bound.png").exists() and (out / "gradient_entries.png").exists()
+
+
+def test_explorer_plot_with_a_single_hue_level():
+    """A study with one KL direction: seaborn's dodge would divide by zero."""
+    import pandas as pd
+
+    from kdlab.analysis.explore import explorer_plot
+
+    df = pd.DataFrame({"lam": [-1.0, 1.0], "kl": ["forward", "forward"], "accuracy": [0.2, 0.3],
+                       "policy": ["off", "on"], "lr": [1e-4, 1e-4], "seed": [0, 0], "task": ["countdown-3"] * 2})
+    fig = explorer_plot(df, "accuracy", "lam", "kl", {})
+    assert fig.axes and fig.axes[0].get_title().startswith("accuracy by lam")

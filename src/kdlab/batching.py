@@ -48,10 +48,12 @@ def response_logits(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: t
     prompt (B, P) left-padded, response (B, R) right-padded. Row b's logit at response column r
     is the model's next-token distribution after prompt_b + response_b[:r].
     """
-    ids = torch.cat([prompt, response], dim=1)  # (B, P+R)
+    # The last response token predicts nothing we need (and, the model being causal, changes no
+    # earlier logit), so it is not fed: P + R - 1 positions.
+    ids = torch.cat([prompt, response[:, :-1]], dim=1)  # (B, P+R-1)
     # Keep padding inside the response attendable-but-irrelevant: masked positions never feed a
     # kept position because padding only follows a row's last real token.
-    mask = torch.cat([prompt_mask, torch.ones_like(response_mask)], dim=1)
+    mask = torch.cat([prompt_mask, torch.ones_like(response_mask[:, :-1])], dim=1)
     out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=False)
     width = prompt.shape[1]
     return out.logits[:, width - 1: width - 1 + response.shape[1]]  # (B, R, V)

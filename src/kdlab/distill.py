@@ -119,13 +119,16 @@ class _OffPDTeacherLogits:
     @staticmethod
     def fits(teacher: torch.nn.Module, responses: list[list[int]]) -> bool:
         """Whether the cache for the whole pool stays under ``TEACHER_CACHE_BYTES``."""
-        vocab = teacher.get_output_embeddings().weight.shape[0]
+        head = teacher.get_output_embeddings() if hasattr(teacher, "get_output_embeddings") else None
+        if head is None:
+            return False
+        vocab = head.weight.shape[0]
         item = next(teacher.parameters()).element_size()
         return sum(len(r) for r in responses) * vocab * item <= TEACHER_CACHE_BYTES
 
     def batch(self, idx: list[int], width: int) -> tuple[torch.Tensor, int]:
         """(B, width, V) teacher logits of pool rows ``idx`` (zeros past a row's end) and how many
-        rows came from the cache."""
+        rows reused logits (cached before, or computed once for an earlier row of this batch)."""
         missing = sorted({i for i in idx if i not in self.rows})
         if missing:
             tp, tpm = pad_left([prompt_ids(self.tp(self.problems[i])) for i in missing])
@@ -139,8 +142,7 @@ class _OffPDTeacherLogits:
         for b, i in enumerate(idx):
             row = self.rows[i]
             out[b, :row.shape[0]] = row
-        miss = set(missing)
-        return out, sum(1 for i in idx if i not in miss)
+        return out, len(idx) - len(missing)
 
 
 @contextmanager

@@ -75,9 +75,10 @@ def explorer_plot(df: pd.DataFrame, metric: str, x: str, hue: str | None = None,
         plot = plot.assign(**{h: plot[h].astype(str)})
     str_order = [str(v) for v in order]
     str_hue = [str(v) for v in hue_order] if hue_order else None
-    sns.stripplot(data=plot, x=x, y=metric, hue=h, order=str_order, hue_order=str_hue, dodge=bool(h), alpha=0.3,
+    dodge = bool(h) and len(hue_order) > 1  # seaborn divides by (hue levels - 1) when dodging
+    sns.stripplot(data=plot, x=x, y=metric, hue=h, order=str_order, hue_order=str_hue, dodge=dodge, alpha=0.3,
                   size=3, ax=ax, legend=False)
-    sns.pointplot(data=plot, x=x, y=metric, hue=h, order=str_order, hue_order=str_hue, dodge=0.3 if h else False,
+    sns.pointplot(data=plot, x=x, y=metric, hue=h, order=str_order, hue_order=str_hue, dodge=0.3 if dodge else False,
                   errorbar=("ci", 95), seed=0, ax=ax)
     ax.set_title(f"{metric} by {x}" + (f" and {h}" if h else "") + f"  ({len(d)} runs, {len(table)} groups)",
                  fontsize=10)

@@ -1,0 +1,172 @@
+"""The distillation benchmark (benchmarks/bench_distill.py) and the fast paths it measures.
+
+The kdlab side runs on nano models for two steps; the TRL loss-equality check runs only when
+trl is importable (``pip install -e .[bench]``). The fast paths (teacher-logit cache for OffPD,
+the static-cache rollout stepper, eager attention during training) are checked against the
+plain transformers computation they replace.
+"""
+import importlib.util
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from kdlab import rollout
+from kdlab.batching import pad_left, pad_right, response_logits
+from kdlab.data import prompt_ids
+from kdlab.distill import RunConfig, _OffPDTeacherLogits, distill
+from kdlab.models import build_model
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HAS_TRL = importlib.util.find_spec("trl") is not None
+
+
+def _load_bench():
+    spec = importlib.util.spec_from_file_location("bench_distill", REPO_ROOT / "benchmarks" / "bench_distill.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+bench = _load_bench()
+
+
+@pytest.fixture(scope="module")
+def data():
+    teacher, _ = bench.build_models("nano", "nano")
+    return bench.make_data(teacher, 12, new_tokens=8, pool_size=32)
+
+
+# ---------------------------------------------------------------------------------------------
+# the benchmark's own arithmetic
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cached_share_matches_exact_sum_and_study_pool_is_its_own_match():
+    n, k0, k1 = 100, 64, 320
+    exact = sum(1 - (1 - 1 / n) ** k for k in range(k0, k1)) / (k1 - k0)  # P(item of draw k seen before)
+    assert bench.cached_share(n, k0, k1) == pytest.approx(exact, abs=5e-3)
+    # a study run (150 steps x 32 from 2,048) is matched by the study pool itself
+    assert abs(bench.matched_pool_size(150, 32) - 2048) <= 1
+    assert bench.cached_share(bench.matched_pool_size(12, 32), 0, 12 * 32) == pytest.approx(0.614, abs=0.01)
+    with pytest.raises(ValueError, match="last_draw"):
+        bench.cached_share(10, 5, 5)
+
+
+def test_windows_are_medians_of_window_throughputs():
+    wall = [1.0, 1.0, 2.0, 2.0, 0.5, 0.5]
+    tokens = [10.0] * 6
+    out = bench._windows(wall, [x * 2 for x in wall], tokens, window=2, repeats=3)
+    assert out["window_tokens_per_s"] == [10.0, 5.0, 20.0]
+    assert out["tokens_per_s"] == 10.0 and out["steps_per_s"] == 1.0
+    assert out["tokens_per_cpu_s"] == 5.0
+
+
+# ---------------------------------------------------------------------------------------------
+# kdlab side of the benchmark (no TRL needed)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["off", "on"])
+def test_kdlab_side_runs_two_steps(data, policy):
+    out = bench.run_kdlab(policy, "forward", data, warmup=1, window=1, repeats=1, teacher_size="nano",
+                          student_size="nano", batch=4)
+    assert out["tokens_per_s"] > 0 and out["steps_per_s"] > 0 and out["tokens_per_cpu_s"] > 0
+    assert len(out["step_wall_s"]) == 1 and math.isfinite(out["peak_mb"])
+    assert all(math.isfinite(x) and x >= 0 for x in out["loss"])
+    if policy == "off":
+        assert 0.0 <= out["teacher_cache_hit"] <= 1.0
+    else:
+        assert "teacher_cache_hit" not in out
+
+
+def test_peak_rss_sees_a_fresh_allocation():
+    mem = bench.PeakRSS()
+    mem.start()
+    block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+    assert block.sum() > 0
+    assert 56 <= mem.peak_mb() <= 200
+
+
+def test_kl_memory_worker_values_agree_between_naive_and_chunked(tmp_path):
+    naive = bench.kl_memory_worker("naive", 48, 300, 0, str(tmp_path / "n.pt"))
+    chunked = bench.kl_memory_worker("chunked", 48, 300, 16, str(tmp_path / "c.pt"))
+    a, b = torch.load(tmp_path / "n.pt"), torch.load(tmp_path / "c.pt")
+    assert torch.allclose(a["values"], b["values"], atol=1e-5)
+    assert torch.allclose(a["grad"], b["grad"], atol=1e-6)
+    assert naive["kind"] == "naive" and chunked["chunk_size"] == 16
+    with pytest.raises(ValueError, match="'wide'"):
+        bench.kl_memory_worker("wide", 8, 10, 4, str(tmp_path / "x.pt"))
+
+
+@pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e .[bench]); the loss check needs it")
+@pytest.mark.parametrize("kl", ["forward", "reverse"])
+def test_trl_and_kdlab_losses_agree_on_one_batch(data, kl):
+    res = bench.loss_abs_diff(kl, data, teacher_size="nano", student_size="nano", batch=6)
+    assert res["kdlab_loss"] > 0
+    assert res["loss_abs_diff"] <= 1e-4
+
+
+# ---------------------------------------------------------------------------------------------
+# the fast paths against the plain transformers computation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_offpd_teacher_cache_equals_fresh_teacher_logits(data):
+    teacher = build_model("llama", "nano", seed=1).eval()  # fp32: differences are rounding only
+    problems, responses = data["problems"], data["responses"]
+    cache = _OffPDTeacherLogits(teacher, problems, responses, lambda p: p.prompt)
+    for idx, want_hits in (([0, 3, 5, 3], 1), ([3, 5, 7, 0], 3)):
+        r, rm = pad_right([responses[i] for i in idx])
+        got, hits = cache.batch(idx, r.shape[1])
+        p, pm = pad_left([prompt_ids(problems[i].prompt) for i in idx])
+        with torch.no_grad():
+            ref = response_logits(teacher, p, pm, r, rm)
+        assert hits == want_hits
+        assert torch.allclose(got[rm], ref[rm], atol=1e-4)
+        assert (got[~rm] == 0).all()
+
+
+def test_training_attention_is_switched_back_after_distill(data):
+    teacher = build_model("llama", "nano", seed=1).to(torch.bfloat16).eval()
+    student = build_model("llama", "nano", seed=0)
+    task = bench.bench_task(8)
+    res = distill(student, teacher, task, RunConfig(policy="off", steps=2, batch_size=4),
+                  offpd=(data["problems"], data["responses"]), progress=False)
+    assert len(res.history) == 2 and all(h["time_s"] > 0 and h["cpu_s"] >= 0 for h in res.history)
+    assert student.config._attn_implementation == "sdpa" and teacher.config._attn_implementation == "sdpa"
+
+
+def _sizes(heads: int, kv: int) -> dict:
+    return dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=heads, num_key_value_heads=kv,
+                intermediate_size=96)
+
+
+@pytest.mark.parametrize("family,heads,kv", [("llama", 2, 2), ("llama", 4, 2), ("qwen2", 4, 1)])
+def test_static_stepper_matches_transformers_stepper(family, heads, kv):
+    """Teacher-forced: the same tokens fed to both steppers give the same next-token logits
+    (fp32; covers grouped-query attention and Qwen2's projection biases)."""
+    model = build_model(family, _sizes(heads, kv), seed=3).eval()
+    prompts = [prompt_ids("c12 34 56>78:"), prompt_ids("a1+2:"), prompt_ids("vhouse:")]
+    rng = random.Random(0)
+    feed = [torch.tensor([rng.randrange(3, 98) for _ in prompts]) for _ in range(6)]
+    assert rollout._fast_decoding_supported(model)
+    with torch.no_grad():
+        fast, ref = rollout._StaticStepper(model, prompts, len(feed)), rollout._Stepper(model, prompts)
+        for tok in [None] + feed:
+            if tok is not None:
+                fast.feed(tok)
+                ref.feed(tok)
+            assert torch.allclose(fast.last, ref.last, atol=1e-4), (fast.last - ref.last).abs().max()
+
+
+def test_fast_and_transformers_rollouts_agree_and_unsupported_models_fall_back(monkeypatch):
+    model = build_model("llama", _sizes(4, 2), seed=4).eval()
+    prompts = [prompt_ids(p) for p in ("c12 34 56>78:", "a1+2:", "m347,291:")]
+    fast = rollout.sample(model, prompts, 10, greedy=True)
+    monkeypatch.setattr(rollout, "_fast_decoding_supported", lambda m: False)
+    plain = rollout.sample(model, prompts, 10, greedy=True)
+    assert torch.equal(fast.tokens, plain.tokens) and torch.equal(fast.mask, plain.mask)
+    assert not rollout._fast_decoding_supported(torch.nn.Linear(2, 2))

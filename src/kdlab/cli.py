@@ -63,6 +63,18 @@ def cmd_distill(args) -> int:
     return 0
 
 
+def cmd_rlvr(args) -> int:
+    from .config import load_profile
+    from .runs import execute_rlvr
+
+    profile = load_profile(args.params, _overrides(args.set))
+    name = "base" if args.start == "base" else Path(args.start).resolve().parent.name
+    out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "rlvr" / f"{name}_s{args.seed}"
+    metrics = execute_rlvr(profile, args.start, out, models_root=_outputs_root(args) / "models", seed=args.seed)
+    print(json.dumps(metrics, indent=2))
+    return 0
+
+
 def cmd_study(args) -> int:
     from .study import run_study
 
@@ -94,6 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--save-student", action="store_true", help="save the distilled student checkpoint")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_distill)
+
+    p = sub.add_parser("rlvr", help="GRPO with the task's verifier from a checkpoint (profile's rlvr section)")
+    p.add_argument("params")
+    p.add_argument("--start", default="base", help="checkpoint dir (a run's student/) or 'base'")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None)
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.set_defaults(fn=cmd_rlvr)
 
     p = sub.add_parser("study", help="run a whole study profile: grid of run notebooks, results table, report")
     p.add_argument("params")

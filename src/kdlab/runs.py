@@ -157,3 +157,34 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     write_json_atomic(out_dir / "config.json", asdict(cfg))
     write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
+
+
+def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, models_root: str | Path, seed: int = 0,
+                 progress: bool = True) -> dict[str, Any]:
+    """GRPO (``kdlab.rlvr``) from a checkpoint with ``profile.rlvr`` settings; writes
+    ``out_dir/{history.json,metrics.json}`` (metrics last). ``start`` is a checkpoint directory
+    (e.g. a distilled run's ``student/``, saved with ``kdlab distill --save-student``) or "base"
+    for the profile's student base."""
+    from .rlvr import RLVRConfig, grpo_train
+
+    out_dir = Path(out_dir)
+    r = profile.rlvr
+    start_dir = model_paths(profile, models_root, progress=progress)["student"] if str(start) == "base" else Path(start)
+    model = load_checkpoint(start_dir)
+    task = get_task(r.task, trace=profile.trace)
+    pool = ProblemPool(task, "train", TRAIN_POOL, seed=profile.data_seed)
+    cfg = RLVRConfig(steps=r.steps, prompts_per_step=r.prompts_per_step, group_size=r.group_size, lr=r.lr,
+                     clip_eps=r.clip_eps, kl_coef=r.kl_coef, temperature=r.temperature, inner_epochs=r.inner_epochs,
+                     dtype=r.dtype, grad_clip=r.grad_clip, seed=seed, collapse_window=r.collapse_window,
+                     collapse_drop=r.collapse_drop)
+    result = grpo_train(model, task, cfg, pool, eval_problems=task.problems("test", r.n_eval, seed=profile.data_seed),
+                        eval_every=r.eval_every, progress=progress)
+    evals = [h["accuracy"] for h in result["history"] if h.get("accuracy") is not None]
+    metrics = {"start": str(start), "task": r.task, "seed": seed, "steps_done": len(result["history"]),
+               "initial_accuracy": result["initial_accuracy"], "final_accuracy": result["final_accuracy"],
+               "best_accuracy": max(evals) if evals else result["final_accuracy"],
+               "collapsed": result["collapsed"], "collapse_step": result["collapse_step"], "nan": result["nan"],
+               "wall_s": result["wall_s"]}
+    write_json_atomic(out_dir / "history.json", result["history"])
+    write_json_atomic(out_dir / "metrics.json", metrics)
+    return metrics

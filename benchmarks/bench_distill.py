@@ -91,6 +91,7 @@ from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
 
@@ -281,7 +282,8 @@ def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats:
     warm-up trainer, then the measured one. Returns what :func:`run_kdlab` returns."""
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl.experimental.gkd import GKDConfig, GKDTrainer
+
+    GKDConfig, GKDTrainer = trl_gkd()
 
     torch.manual_seed(0)
     teacher, student = build_models(teacher_size, student_size)
@@ -354,8 +356,7 @@ def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats:
 def loss_abs_diff(kl: str, data: dict, teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE,
                   batch: int = BATCH) -> dict[str, float]:
     """|kdlab kl_loss - TRL generalized_jsd_loss| on the same batch and the same float32 logits."""
-    from trl.experimental.gkd import GKDTrainer
-
+    _, GKDTrainer = trl_gkd()
     teacher, student = build_models(teacher_size, student_size)
     problems, responses = data["problems"][:batch], data["responses"][:batch]
     p, pm = pad_left([prompt_ids(x.prompt) for x in problems])
@@ -370,9 +371,19 @@ def loss_abs_diff(kl: str, data: dict, teacher_size: Any = TEACHER_SIZE, student
     return {"kdlab_loss": ours, "trl_loss": theirs, "loss_abs_diff": abs(ours - theirs)}
 
 
+def trl_gkd() -> tuple[type, type]:
+    """(GKDConfig, GKDTrainer): ``trl.experimental.gkd`` (TRL 1.x, tested with 1.16), else the
+    top-level names of older releases."""
+    try:
+        from trl.experimental.gkd import GKDConfig, GKDTrainer
+    except ImportError:
+        from trl import GKDConfig, GKDTrainer
+    return GKDConfig, GKDTrainer
+
+
 def trl_available() -> bool:
     try:
-        import trl.experimental.gkd  # noqa: F401
+        trl_gkd()
     except ImportError:
         return False
     return True

@@ -20,7 +20,6 @@ from kdlab.distill import RunConfig, _OffPDTeacherLogits, distill
 from kdlab.models import build_model
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-HAS_TRL = importlib.util.find_spec("trl") is not None
 
 
 def _load_bench():
@@ -31,6 +30,9 @@ def _load_bench():
 
 
 bench = _load_bench()
+needs_trl = pytest.mark.skipif(not bench.trl_available(),
+                               reason="trl's GKDTrainer is not importable (pip install -e .[bench]); "
+                                      "the loss check needs it")
 
 
 @pytest.fixture(scope="module")
@@ -101,12 +103,30 @@ def test_kl_memory_worker_values_agree_between_naive_and_chunked(tmp_path):
         bench.kl_memory_worker("wide", 8, 10, 4, str(tmp_path / "x.pt"))
 
 
-@pytest.mark.skipif(not HAS_TRL, reason="trl is not installed (pip install -e .[bench]); the loss check needs it")
+@needs_trl
 @pytest.mark.parametrize("kl", ["forward", "reverse"])
 def test_trl_and_kdlab_losses_agree_on_one_batch(data, kl):
     res = bench.loss_abs_diff(kl, data, teacher_size="nano", student_size="nano", batch=6)
     assert res["kdlab_loss"] > 0
     assert res["loss_abs_diff"] <= 1e-4
+
+
+@needs_trl
+def test_trl_beta_convention_on_sharp_logits():
+    """beta=0 is forward KL(T||S), beta=1 reverse KL(S||T), token-mean over labels != -100; on
+    sharp logits the two directions differ a lot, so a swapped mapping cannot pass."""
+    from kdlab.kl import kl_loss
+
+    _, gkd = bench.trl_gkd()
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(3, 5, 11, generator=g) * 3, torch.randn(3, 5, 11, generator=g) * 3
+    tokens = torch.randint(0, 11, (3, 5), generator=g)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    labels = torch.where(mask, tokens, torch.full_like(tokens, -100))
+    ours = {kl: float(kl_loss(s, t, kl, mask)) for kl in ("forward", "reverse")}
+    assert abs(ours["forward"] - ours["reverse"]) > 0.1
+    for kl, beta in bench.TRL_BETA.items():
+        assert float(gkd.generalized_jsd_loss(s, t, labels=labels, beta=beta)) == pytest.approx(ours[kl], abs=1e-5)
 
 
 # ---------------------------------------------------------------------------------------------

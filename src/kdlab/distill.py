@@ -108,41 +108,44 @@ class _OffPDTeacherLogits:
 
     The teacher is frozen and a response's logits depend only on its own prompt and tokens
     (left padding is skipped by the position ids and masked out), so a row drawn again reuses
-    them. Stored per row as (len_i, V) in the teacher's output dtype.
+    them. One (pool, longest response, V) tensor in the teacher's output dtype holds them, zero
+    past each response's end; it is allocated uninitialised, so only rows written take memory.
     """
 
     def __init__(self, teacher: torch.nn.Module, problems: list[Problem], responses: list[list[int]],
                  teacher_prompt: Callable[[Problem], str]):
         self.teacher, self.problems, self.responses, self.tp = teacher, problems, responses, teacher_prompt
-        self.rows: dict[int, torch.Tensor] = {}
+        self.store: torch.Tensor | None = None
+        self.filled = torch.zeros(len(responses), dtype=torch.bool)
 
     @staticmethod
     def fits(teacher: torch.nn.Module, responses: list[list[int]]) -> bool:
         """Whether the cache for the whole pool stays under ``TEACHER_CACHE_BYTES``."""
         head = teacher.get_output_embeddings() if hasattr(teacher, "get_output_embeddings") else None
-        if head is None:
+        if head is None or not responses:
             return False
         vocab = head.weight.shape[0]
         item = next(teacher.parameters()).element_size()
-        return sum(len(r) for r in responses) * vocab * item <= TEACHER_CACHE_BYTES
+        return len(responses) * max(1, max(len(r) for r in responses)) * vocab * item <= TEACHER_CACHE_BYTES
 
     def batch(self, idx: list[int], width: int) -> tuple[torch.Tensor, int]:
         """(B, width, V) teacher logits of pool rows ``idx`` (zeros past a row's end) and how many
         rows reused logits (cached before, or computed once for an earlier row of this batch)."""
-        missing = sorted({i for i in idx if i not in self.rows})
+        missing = sorted({i for i in idx if not self.filled[i]})
         if missing:
             tp, tpm = pad_left([prompt_ids(self.tp(self.problems[i])) for i in missing])
             r, rm = pad_right([self.responses[i] for i in missing])
             with torch.no_grad():
-                logits = response_logits(self.teacher, tp, tpm, r, rm)
+                logits = response_logits(self.teacher, tp, tpm, r, rm)  # (M, R, V)
+            if self.store is None:
+                longest = max(1, max(len(x) for x in self.responses))
+                self.store = logits.new_empty((len(self.responses), longest, logits.shape[-1]))
             for j, i in enumerate(missing):
-                self.rows[i] = logits[j, :len(self.responses[i])].clone()
-        first = self.rows[idx[0]]
-        out = first.new_zeros((len(idx), width, first.shape[-1]))
-        for b, i in enumerate(idx):
-            row = self.rows[i]
-            out[b, :row.shape[0]] = row
-        return out, len(idx) - len(missing)
+                n = len(self.responses[i])
+                self.store[i, :n] = logits[j, :n]
+                self.store[i, n:] = 0
+            self.filled[missing] = True
+        return self.store[torch.tensor(idx), :width], len(idx) - len(missing)
 
 
 @contextmanager

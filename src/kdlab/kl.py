@@ -235,7 +235,7 @@ def token_kl_chunked(
     direction: str,
     mask: torch.Tensor | None = None,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
 ) -> torch.Tensor:
     """Memory-lean :func:`token_kl`: same values and gradients, ``chunk_size`` tokens at a time.
 

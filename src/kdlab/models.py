@@ -82,6 +82,9 @@ def save_checkpoint(model: PreTrainedModel, directory: str | Path, meta: dict[st
         sha = file_sha256(tmp / "model.safetensors")
         info = dict(meta or {}, sha256=sha, n_params=n_params(model), dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
         (tmp / "kdlab.json").write_text(json.dumps(info, indent=2, sort_keys=True))
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; checkpoints are shared artefacts
+        for f in tmp.iterdir():
+            os.chmod(f, 0o644)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(tmp, directory)

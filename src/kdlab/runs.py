@@ -35,6 +35,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     with os.fdopen(fd, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True, default=float)
+    os.chmod(tmp, 0o644)  # mkstemp files are private
     os.replace(tmp, path)
 
 

@@ -1,6 +1,6 @@
 # kdlab: the two commands are `make study` (the embedded default study) and `make test`.
 # The environment lives in .venv/ and is (re)created on first use.
-# GPU users: make TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126" ...
+# GPU users: make study TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126"
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,17 +8,23 @@ TORCH_SPEC ?= torch==2.13.0
 PARAMS ?= params/quick.yaml
 WORKERS ?= 2
 
-.PHONY: study teachers test test-fast bench clean-outputs env
+.PHONY: study teachers test bench env env-dev clean-outputs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_SPEC)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
 env: $(VENV)/.installed
+
+env-dev: $(VENV)/.installed-dev
 
 study: env
 	$(VENV)/bin/kdlab study $(PARAMS) --workers $(WORKERS)
@@ -26,7 +32,7 @@ study: env
 teachers: env
 	$(VENV)/bin/kdlab teachers $(PARAMS)
 
-test: env
+test: env-dev
 	$(PY) -m pytest -q
 
 bench: env

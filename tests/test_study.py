@@ -276,3 +276,30 @@ def test_study_killed_after_its_first_run_finishes_on_rerun(tiny_models, full_st
     drop = [c for c in WALL_TIME_COLUMNS if c in resumed.columns]
     assert set(REQUIRED_COLUMNS) <= set(resumed.columns)
     pd.testing.assert_frame_equal(resumed.drop(columns=drop), clean.drop(columns=drop))
+
+
+# ------------------------------------------------------------------------------------- Ray
+
+
+def test_runs_on_a_local_ray_cluster_with_the_same_failure_and_resume_semantics(tiny_models, tmp_path):
+    """`kdlab study --ray-address local`: each cell is a Ray task executing the run notebook with
+    papermill; a failing cell is recorded and the study goes on; a rerun skips complete runs."""
+    pytest.importorskip("ray", reason="ray is not installed (pip install -e .[dev])")
+    outputs = outputs_with_models(tmp_path / "out", tiny_models)
+    (outputs / "cache").mkdir()
+    (outputs / "cache" / "offpd").write_text("not a directory")  # off-policy runs fail for real
+    sets = {**FAST, "grid.kls": ["forward"], "grid.lrs": [1e-4]}
+    rc = run_study(TINY, outputs, workers=1, overrides=sets, progress=False, ray_address="local", gpus_per_run=0)
+    study = outputs / "tiny"
+    off, on = study / "runs" / "countdown-3_off_forward_lr0.0001_s0", study / "runs" / "countdown-3_on_forward_lr0.0001_s0"
+    assert rc == 1
+    assert (on / "metrics.json").exists() and notebook_finished(on / "run.ipynb")
+    assert (off / "error.json").exists() and not (off / "metrics.json").exists()
+    assert pd.read_parquet(study / "results.parquet")["run_id"].tolist() == [on.name]
+    # repair and rerun: only the failed run is redone
+    (outputs / "cache" / "offpd").unlink()
+    mtime = (on / "metrics.json").stat().st_mtime_ns
+    rc = run_study(TINY, outputs, workers=1, overrides=sets, progress=False, ray_address="local", gpus_per_run=0)
+    assert rc == 0 and (off / "metrics.json").exists()
+    assert (on / "metrics.json").stat().st_mtime_ns == mtime
+    assert sorted(pd.read_parquet(study / "results.parquet")["run_id"]) == sorted([off.name, on.name])

@@ -79,7 +79,7 @@ def cmd_study(args) -> int:
     from .study import run_study
 
     return run_study(args.params, outputs=_outputs_root(args), workers=args.workers, overrides=_overrides(args.set),
-                     progress=not args.quiet)
+                     progress=not args.quiet, ray_address=args.ray_address, gpus_per_run=args.gpus_per_run)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("params")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--ray-address", default=None,
+                   help="send the runs to this Ray cluster ('auto', 'host:port', 'local') instead of local workers")
+    p.add_argument("--gpus-per-run", type=float, default=1.0, help="GPUs each run asks for on Ray (0 on CPU-only clusters)")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_study)
 

@@ -543,6 +543,47 @@ def _execute_run(kernel: WarmKernel, cfg: RunConfig, recorded: bool, ctx: dict[s
     return outcome
 
 
+def papermill_run(notebook: str, output: str, parameters: dict[str, Any], cwd: str, kernel_name: str = KERNEL_NAME) -> dict[str, Any]:
+    """Execute the run notebook with papermill in a fresh kernel (how a run executes on a Ray
+    worker); returns its metrics. Raises (papermill's ``PapermillExecutionError``) when a cell
+    fails: the Ray executor records that as the run's ``error.json``."""
+    import papermill as pm
+
+    run_dir = Path(parameters["out_dir"])
+    if run_dir.exists() and not run_is_complete(run_dir):
+        shutil.rmtree(run_dir)  # an unfinished earlier attempt
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pm.execute_notebook(notebook, output, parameters=parameters, kernel_name=kernel_name, cwd=cwd, progress_bar=False)
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def _run_on_ray(address: str, todo: list[RunConfig], ctx: dict[str, Any], on_done: Callable[[str, dict | None], None],
+                num_gpus_per_task: float) -> None:
+    """The grid on a Ray cluster: one task per cell, each executing the run notebook with
+    papermill on its worker (so every run still leaves its executed notebook). Same resume
+    (complete runs are skipped) and failure (``error.json``, the study goes on) semantics."""
+    from .distributed import RunSpec, run_on_ray
+
+    specs = []
+    for cfg in todo:
+        run_dir = ctx["study_dir"] / "runs" / cfg.run_id
+        params = {"params": str(ctx["params"]), "outputs": str(ctx["outputs"]), "overrides": {}, "task": cfg.task,
+                  "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr, "seed": cfg.seed,
+                  "out_dir": str(run_dir), "threads": ctx["threads"], "recorded": False}
+        specs.append(RunSpec(str(run_dir), papermill_run, dict(notebook=str(_notebook(RUN_NB)),
+                                                                output=str(run_dir / "run.ipynb"),
+                                                                parameters=params, cwd=str(run_dir.parent))))
+
+    def relay(o) -> None:
+        cfg = todo[o.index]
+        on_done(cfg.run_id, None if o.status in ("done", "skipped") else {"ename": "RayTaskError",
+                                                                           "evalue": (o.error or "").strip().splitlines()[-1:] or [""]})
+
+    run_on_ray(address, specs, num_gpus_per_task=num_gpus_per_task, on_result=relay,
+               runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join([str(NOTEBOOKS_DIR.parent / "src"),
+                                                                          os.environ.get("PYTHONPATH", "")])}})
+
+
 def _worker(kernel: WarmKernel, todo: queue.Queue, done: queue.Queue, ctx: dict[str, Any]) -> None:
     """A worker's loop: take the next (cell, recorded) job until none is left or the study stops."""
     while not ctx["stop"].is_set():
@@ -590,7 +631,7 @@ def _started(starts: list[Future], kernels: list[WarmKernel]) -> bool:
 
 
 def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: dict[str, Any] | None = None,
-              progress: bool = True) -> int:
+              progress: bool = True, ray_address: str | None = None, gpus_per_run: float = 1.0) -> int:
     """Run a whole study; returns the exit code (0: every run and the report succeeded, 1: some
     run or notebook failed, 2: the environment is not ready).
 
@@ -624,13 +665,13 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
         print(f"kdlab study: {e}", file=sys.stderr)
         return 2
     try:
-        return _run_locked(profile, cells, study_dir, outputs, workers, progress, t_study)
+        return _run_locked(profile, cells, study_dir, outputs, workers, progress, t_study, ray_address, gpus_per_run)
     finally:
         lock.__exit__(None, None, None)
 
 
 def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outputs: Path, workers: int,
-                progress: bool, t_study: float) -> int:
+                progress: bool, t_study: float, ray_address: str | None = None, gpus_per_run: float = 1.0) -> int:
     import pandas as pd
     from tqdm.auto import tqdm
 
@@ -702,6 +743,22 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
         save_timing()
 
         # 2. runs
+        if ray_address:
+            bar = tqdm(total=sum(not r for _, r in todo), desc=f"study {profile.name} (ray)", unit="run", disable=not progress,
+                       dynamic_ncols=True)
+
+            def on_done(run_id: str, error: dict | None) -> None:
+                if error is not None:
+                    failed.append((run_id, {"ename": error["ename"], "evalue": " ".join(error["evalue"])}))
+                    invocation["runs_failed"] += 1
+                else:
+                    invocation["runs_done"] += 1
+                bar.update(1)
+                bar.set_postfix(failed=len(failed))
+
+            _run_on_ray(ray_address, [c for c, recorded in todo if not recorded], ctx, on_done, gpus_per_run)
+            bar.close()
+            todo = []
         work: queue.Queue = queue.Queue()
         for job in todo:
             work.put(job)

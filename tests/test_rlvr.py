@@ -31,6 +31,9 @@ class DigitTask(Task):
     def problems(self, split, count, seed=0):
         return [Problem(task=self.name, key=f"{split}:{seed}:{i}", prompt=f"z{i}:", data={}) for i in range(count)]
 
+    def reference(self, problem, rng):
+        return "7"
+
     def score(self, problem, completion):
         return 1.0 if completion[:1].isdigit() else 0.0
 

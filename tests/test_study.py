@@ -116,9 +116,11 @@ def test_embedded_default_profile_is_a_valid_controlled_grid():
     assert (profile.name, profile.student.family, profile.teacher.family) == ("quick", "llama", "llama")
     cells = expand_grid(profile)
     assert len(cells) == 16 and {c.task for c in cells} == {"countdown-3"}
+    low, high = sorted(profile.grid.lrs)
+    assert high / low == pytest.approx(5.0)  # the paper's ratio between the high and the low rate
     assert {(c.policy, c.kl, c.lr, c.seed) for c in cells} == {(p, k, lr, s) for p in ("off", "on")
                                                               for k in ("forward", "reverse")
-                                                              for lr in (1e-4, 5e-4) for s in (0, 1)}
+                                                              for lr in (low, high) for s in (0, 1)}
 
 
 # ----------------------------------------------------------------------------- parameter errors

@@ -32,8 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from .batching import pad_left, pad_right, positions
 from .kl import kl_loss, token_kl
-from .mixture import mixture_logprobs
-from .rollout import Rollout
+from .rollout import Rollout, next_token
 from .tasks.base import Problem, Task
 
 DTYPES: dict[str, torch.dtype] = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -298,26 +297,9 @@ def hf_sample(student: torch.nn.Module | None, teacher: torch.nn.Module | None, 
     done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     toks, ents, alive = [], [], []
     for step in range(max_new_tokens):
-        if t is None:
-            logp = torch.log_softmax(s.last / temp, -1)
-        elif s is None:
-            logp = torch.log_softmax(t.last / temp, -1)
-        else:
-            logp = mixture_logprobs(s.last / temp, t.last / temp, lam, logratio_clip=logratio_clip,
-                                    plausibility_alpha=plausibility_alpha)
-        bad = ~torch.isfinite(logp).any(-1)  # a diverged model: end its rows with a stop token
-        if bool(bad.any()):
-            logp = torch.nan_to_num(logp, nan=-math.inf)
-            logp[bad] = -math.inf
-            logp[bad, int(eos[0])] = 0.0
-        p = logp.exp()
-        ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
-        if greedy:
-            tok = logp.argmax(-1)
-        elif generator is not None and generator.device != p.device:
-            tok = torch.multinomial(p.to(generator.device), 1, generator=generator).squeeze(-1).to(device)
-        else:
-            tok = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        tok, ent = next_token(s.last if s is not None else None, t.last if t is not None else None, lam, temp,
+                              greedy=greedy, logratio_clip=logratio_clip, plausibility_alpha=plausibility_alpha,
+                              stop_id=int(eos[0]), generator=generator)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         alive.append(~done)
         toks.append(tok)

@@ -37,6 +37,37 @@ class Rollout:
         return [row[: int(n)].tolist() for row, n in zip(self.tokens, self.lengths)]
 
 
+def next_token(student_last: torch.Tensor | None, teacher_last: torch.Tensor | None, lam: float, temp: float, *,
+               greedy: bool, logratio_clip: float | None, plausibility_alpha: float | None, stop_id: int,
+               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One sampling step of pi_lambda from the models' last logits (B, V) (None: model not used).
+
+    Returns the chosen tokens (B,) and the entropy (B,) of the sampling distribution, in nats.
+    A row whose log-probs are all non-finite (a diverged model) gets ``stop_id``.
+    """
+    if teacher_last is None:
+        logp = torch.log_softmax(student_last / temp, -1)
+    elif student_last is None:
+        logp = torch.log_softmax(teacher_last / temp, -1)
+    else:
+        logp = mixture_logprobs(student_last / temp, teacher_last / temp, lam, logratio_clip=logratio_clip,
+                                plausibility_alpha=plausibility_alpha)
+    bad = ~torch.isfinite(logp).any(-1)
+    if bool(bad.any()):
+        logp = torch.nan_to_num(logp, nan=-math.inf)
+        logp[bad] = -math.inf
+        logp[bad, stop_id] = 0.0
+    p = logp.exp()
+    ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
+    if greedy:
+        tok = logp.argmax(-1)
+    elif generator is not None and generator.device != p.device:
+        tok = torch.multinomial(p.to(generator.device), 1, generator=generator).squeeze(-1).to(p.device)
+    else:
+        tok = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+    return tok, ent
+
+
 def _cache_kwarg(model: torch.nn.Module) -> str:
     """transformers >= 5.x names the KV-cache argument ``cache``; earlier ones ``past_key_values``."""
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
@@ -242,24 +273,9 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     toks, ents, alive = [], [], []
     temp = 1.0 if greedy else temperature
     for step in range(max_new_tokens):
-        if not need_t:
-            logp = torch.log_softmax(steppers["s"].last / temp, -1)
-        elif not need_s:
-            logp = torch.log_softmax(steppers["t"].last / temp, -1)
-        else:
-            logp = mixture_logprobs(steppers["s"].last / temp, steppers["t"].last / temp, lam,
-                                    logratio_clip=logratio_clip, plausibility_alpha=plausibility_alpha)
-        bad = ~torch.isfinite(logp).any(-1)  # a diverged (NaN) model: end its sequences
-        if bool(bad.any()):
-            logp = torch.nan_to_num(logp, nan=-math.inf)
-            logp[bad] = -math.inf
-            logp[bad, int(stops[0])] = 0.0
-        p = logp.exp()
-        ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
-        if greedy:
-            tok = logp.argmax(-1)
-        else:
-            tok = torch.multinomial(p, 1, generator=generator).squeeze(-1)
+        tok, ent = next_token(steppers["s"].last if need_s else None, steppers["t"].last if need_t else None, lam,
+                              temp, greedy=greedy, logratio_clip=logratio_clip,
+                              plausibility_alpha=plausibility_alpha, stop_id=int(stops[0]), generator=generator)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         alive.append(~done)
         toks.append(tok)

@@ -80,3 +80,26 @@ def test_shipped_checkpoint_is_installed_after_its_hash_is_checked(tmp_path):
     with pytest.raises(ValueError, match="does not match"):
         ModelStore(tmp_path / "c", shipped_dir=shipped).get_or_train("student", {"k": 1}, SPEC, PRE, mixture(),
                                                                       progress=False)
+
+
+def test_model_keys_are_plain_data_and_stable_across_processes():
+    """Every profile's model keys serialise without a fallback and hash the same in a fresh
+    process (kb-mc's ``trace`` is a method: its repr, with a memory address, once leaked into
+    the key, so the paper profile's student and kb-mc teacher were never reused)."""
+    import subprocess
+    import sys
+
+    code = ("import json; from kdlab.config import load_profile; from kdlab.teachers import _model_key, "
+            "base_tasks, student_mixture, teacher_mixture\n"
+            "p = load_profile('params/paper.yaml')\n"
+            "keys = [_model_key('student', p.student, p.student_pretrain, student_mixture(p, base_tasks(p)), p.trace)]\n"
+            "keys += [_model_key('teacher-' + t, p.teacher, p.teacher_pretrain, teacher_mixture(p, t), p.trace) "
+            "for t in base_tasks(p)]\n"
+            "print(json.dumps(keys, sort_keys=True))")
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root).stdout
+            for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert "kb-mc" in runs[0] and "bound method" not in runs[0]

@@ -24,6 +24,7 @@ from .evaluate import accuracy, pass_at_ks
 from .metrics import update_sparsity
 from .models import checkpoint_meta, load_checkpoint, save_checkpoint
 from .tasks import get_task, probe_tasks
+from .tasks.base import held_out
 from .teachers import model_paths
 
 TRAIN_POOL = 5000  # distinct training problems a run draws its prompts from
@@ -60,7 +61,7 @@ def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, see
     ev = profile.eval
     task = get_task(task_name, trace=profile.trace)
     out: dict[str, float] = {}
-    test = task.problems("test", ev.n_test, seed=profile.data_seed)
+    test = held_out(task, ev.n_test, seed=profile.data_seed)
     out["accuracy"] = accuracy(model, task, test)
     ks = tuple(k for k in (1, 10) if k <= ev.pass_n)
     pk = pass_at_ks(model, task, test[:ev.pass_problems], n=ev.pass_n, ks=ks, temperature=ev.temperature, seed=seed)
@@ -69,10 +70,10 @@ def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, see
     for h in ev.harder:
         if h != task_name and task_name.startswith("countdown"):
             ht = get_task(h, trace=profile.trace)
-            out[f"{h}_accuracy"] = accuracy(model, ht, ht.problems("test", ev.n_test, seed=profile.data_seed))
+            out[f"{h}_accuracy"] = accuracy(model, ht, held_out(ht, ev.n_test, seed=profile.data_seed))
     scores = []
     for p in probe_tasks():
-        s = accuracy(model, p, p.problems("test", ev.n_probe, seed=profile.data_seed))
+        s = accuracy(model, p, held_out(p, ev.n_probe, seed=profile.data_seed))
         out[f"probe_{p.skill}"] = s
         scores.append(s)
     out["probe_mean"] = sum(scores) / len(scores)
@@ -178,7 +179,7 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
                      clip_eps=r.clip_eps, kl_coef=r.kl_coef, temperature=r.temperature, inner_epochs=r.inner_epochs,
                      dtype=r.dtype, grad_clip=r.grad_clip, seed=seed, collapse_window=r.collapse_window,
                      collapse_drop=r.collapse_drop)
-    result = grpo_train(model, task, cfg, pool, eval_problems=task.problems("test", r.n_eval, seed=profile.data_seed),
+    result = grpo_train(model, task, cfg, pool, eval_problems=held_out(task, r.n_eval, seed=profile.data_seed),
                         eval_every=r.eval_every, progress=progress)
     evals = [h["accuracy"] for h in result["history"] if h.get("accuracy") is not None]
     metrics = {"start": str(start), "task": r.task, "seed": seed, "steps_done": len(result["history"]),

@@ -27,7 +27,7 @@ from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
 from .models import build_model, checkpoint_meta, file_sha256, load_checkpoint, n_params, save_checkpoint
 from .tasks import get_task, probe_tasks
-from .tasks.base import Task
+from .tasks.base import Task, held_out
 from .train import SFTSchedule, sft
 
 REGIME_VERSION = 1  # bump when task formats or training code change the weights
@@ -52,7 +52,12 @@ def teacher_mixture(profile: Profile, task: str) -> list[tuple[Task, float]]:
 
 
 def _describe(mix: list[tuple[Task, float]]) -> list[list[Any]]:
-    return [[t.name, getattr(t, "trace", None), getattr(t, "world_seed", None), w] for t, w in mix]
+    """What the model key records of a mixture: task name, trace style, world, weight. Only plain
+    values: ``KBTask.trace`` is a method, whose text (with a memory address) would make the key
+    differ from one process to the next."""
+    def plain(v: Any) -> Any:
+        return v if v is None or isinstance(v, (str, int, float)) else None
+    return [[t.name, plain(getattr(t, "trace", None)), plain(getattr(t, "world_seed", None)), w] for t, w in mix]
 
 
 def _model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) -> dict[str, Any]:
@@ -166,7 +171,7 @@ def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = N
     """Rows: model, task, held-out accuracy (greedy pass@1, test split), mean probe score."""
     n_test = n_test or profile.eval.n_test
     probes = probe_tasks()
-    probe_sets = {p.name: p.problems("test", profile.eval.n_probe, seed=profile.data_seed) for p in probes}
+    probe_sets = {p.name: held_out(p, profile.eval.n_probe, seed=profile.data_seed) for p in probes}
     rows = []
     for role, path in paths.items():
         model = load_checkpoint(path)
@@ -174,7 +179,7 @@ def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = N
         tasks = base_tasks(profile) if role == "student" else [role]
         for t in tasks:
             task = get_task(t, trace=profile.trace)
-            acc = accuracy(model, task, task.problems("test", n_test, seed=profile.data_seed))
+            acc = accuracy(model, task, held_out(task, n_test, seed=profile.data_seed))
             rows.append({"model": "student base" if role == "student" else "teacher", "task": t,
                          "accuracy": acc, "probe_mean": sum(probe_scores.values()) / len(probe_scores),
                          **probe_scores, "n_params": n_params(model), "path": str(path),

@@ -80,7 +80,7 @@ def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSch
             comps.append(completion_ids(pools[k].task.reference(prob, rng)))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, sched)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=sched.autocast_bf16):
+        with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=sched.autocast_bf16):
             loss = sft_loss(model, prompts, comps)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -84,3 +84,10 @@ class Task(ABC):
     def score(self, problem: Problem, completion: str) -> float:
         """1.0 if the completion's final answer is verified correct, else 0.0."""
         ...
+
+
+def held_out(task: Task, count: int, seed: int = 0, split: Split = "test") -> list[Problem]:
+    """Up to ``count`` evaluation problems of ``split``: all of them when the task has fewer
+    (kb-mc has 73 test questions, so ``n_test: 200`` evaluates on those 73)."""
+    cap = task.capacity(split)
+    return task.problems(split, count if cap is None else min(count, cap), seed=seed)

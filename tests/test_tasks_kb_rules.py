@@ -43,7 +43,7 @@ def rules_tables(task: RulesTask) -> dict[str, str]:
 
 
 def kb_answer_from_facts(task: KBTask, prompt: str) -> str:
-    m = re.fullmatch(r"k([a-z])(\d+)\?([a-z]{4}):", prompt)
+    m = re.fullmatch(r"k([a-z])(\d+)\?[a-z]A[a-z]B[a-z]C[a-z]D:", prompt)
     assert m, prompt
     tables = kb_tables(task)
     node = m[1]
@@ -53,7 +53,7 @@ def kb_answer_from_facts(task: KBTask, prompt: str) -> str:
 
 
 def rules_answer_from_facts(task: RulesTask, prompt: str) -> str:
-    m = re.fullmatch(r"r(\d\d)([a-z]+)\?(\d\d),(\d\d),(\d\d),(\d\d):", prompt)
+    m = re.fullmatch(r"r(\d\d)([a-z]+)\?\d\dA,\d\dB,\d\dC,\d\dD:", prompt)
     assert m, prompt
     tables = rules_tables(task)
     digits = [int(d) for d in m[1]]
@@ -87,10 +87,10 @@ def test_identity_and_bounds(cls) -> None:
         for text in (p.prompt, completion):
             assert set(text) <= PRINTABLE, text
         assert p.prompt.startswith(task.tag) and p.prompt.endswith(":")
-        assert len(p.prompt) <= 20
+        assert len(p.prompt) <= 24
         assert len(completion) <= task.max_new_tokens
         assert p.task == task.name
-    # the bound is tight: the longest (3-step) questions fill it exactly
+    # the bound is tight: the longest questions fill it exactly
     assert max(len(task.reference(p, RNG)) for p in problems) == task.max_new_tokens
 
 
@@ -130,11 +130,11 @@ def test_splits_disjoint_and_distinct(cls) -> None:
 
 def test_kb_has_enough_questions_and_rejects_too_many() -> None:
     task = KBTask()
-    keys = [s + "".join(path) for s in "abcdefghijklmnopqrst" for n in (2, 3)
+    keys = [s + "".join(path) for s in "abcdefghijklmnopqrst" for n in (2, 3, 4)
             for path in product("123", repeat=n)]
-    assert len(set(keys)) == 720
+    assert len(set(keys)) == 2340
     sizes = Counter(split_of(k) for k in keys)
-    assert sizes["test"] >= 50 and sizes["validation"] >= 50
+    assert sizes["test"] >= 200 and sizes["validation"] >= 200
     for split in SPLITS:
         everything = task.problems(split, sizes[split], seed=2)
         assert {p.key for p in everything} == {k for k in keys if split_of(k) == split}
@@ -157,13 +157,20 @@ def test_reference_is_correct_and_wrong_letters_score_zero(cls) -> None:
         assert task.score(p, ref) == 1.0
         # the letter points at the value an independent solver computes from world_facts()
         assert letter_value(p) == solver(task, p.prompt)
-        trace, letter = ref.split("#")
-        assert letter == p.data["answer"]
+        trace, answer = ref.split("#")
+        value, letter = answer[:-1], answer[-1]
+        assert letter == p.data["answer"] and value == letter_value(p)
+        # the letter is the one printed right after the answer value in the prompt (format v2)
+        listing = p.prompt.split("?")[1]
+        assert value + letter in listing
         for wrong in "ABCD".replace(letter, ""):
+            assert task.score(p, trace + "#" + value + wrong) == 0.0
             assert task.score(p, trace + "#" + wrong) == 0.0
         assert task.score(p, trace) == 0.0                      # no answer mark
         assert task.score(p, ref + "x") == 0.0                 # trailing junk
+        assert task.score(p, trace + "#" + "?" * len(value) + letter) == 0.0  # malformed value
         assert task.score(p, "garbage#" + letter) == 1.0        # only the final answer counts
+        assert task.score(p, trace + "#" + letter) == 1.0       # the bare letter is an answer
         assert task.score(p, ref + "  ") == 1.0                 # surrounding spaces stripped
 
 
@@ -173,16 +180,17 @@ def test_examples_by_hand() -> None:
     p = kb.problem_for_key("c21")
     x = tables["2"]["c"]
     y = tables["1"][x]
-    assert kb.reference(p, RNG) == f"c2{x}1{y}#" + p.data["answer"]
-    assert p.prompt == f"kc21?{p.data['options']}:" and y in p.data["options"]
+    assert kb.reference(p, RNG) == f"c2{x}1{y}#{y}" + p.data["answer"]
+    listing = "".join(o + label for o, label in zip(p.data["options"], "ABCD"))
+    assert p.prompt == f"kc21?{listing}:" and y in p.data["options"]
 
     rules = RulesTask()
     t = rules_tables(rules)
     p = rules.problem_for_key("07sz")
     mid = t["s"][0] + t["s"][7]
     end = t["z"][int(mid[0])] + t["z"][int(mid[1])]
-    assert rules.reference(p, RNG) == f"07s{mid}z{end}#" + p.data["answer"]
-    assert p.prompt == "r07sz?" + ",".join(p.data["options"]) + ":"
+    assert rules.reference(p, RNG) == f"07s{mid}z{end}#{end}" + p.data["answer"]
+    assert p.prompt == "r07sz?" + ",".join(o + label for o, label in zip(p.data["options"], "ABCD")) + ":"
 
 
 @pytest.mark.parametrize("cls", TASKS)
@@ -226,7 +234,7 @@ def test_trace_reveals_facts_and_test_facts_appear_in_training(cls) -> None:
     else:
         tables = rules_tables(task)
         true = {(str(i), r, t[i]) for r, t in tables.items() for i in range(10)}
-    n_train = 572 if cls is KBTask else 2000
+    n_train = 1850 if cls is KBTask else 2000
     train_facts: set = set()
     for p in task.problems("train", n_train, seed=0):
         facts = trace_facts(task, task.reference(p, RNG))
@@ -270,4 +278,6 @@ def test_bad_input_raises(cls) -> None:
         task.score(foreign, "#A")
     with pytest.raises(ValueError, match="prompt"):
         task.solve("x123?abcd:")
+    with pytest.raises(ValueError, match="prompt"):  # format 1 (options without labels)
+        task.solve("ka12?abcd:" if cls is KBTask else "r45st?12,45,78,01:")
     assert task.problems("train", 0) == []

@@ -57,7 +57,9 @@ def _describe(mix: list[tuple[Task, float]]) -> list[list[Any]]:
     differ from one process to the next."""
     def plain(v: Any) -> Any:
         return v if v is None or isinstance(v, (str, int, float)) else None
-    return [[t.name, plain(getattr(t, "trace", None)), plain(getattr(t, "world_seed", None)), w] for t, w in mix]
+    # a format version other than 1 is appended, so keys of unchanged tasks stay as they were
+    return [[t.name, plain(getattr(t, "trace", None)), plain(getattr(t, "world_seed", None)), w]
+            + ([t.format_version] if getattr(t, "format_version", 1) != 1 else []) for t, w in mix]
 
 
 def _model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) -> dict[str, Any]:

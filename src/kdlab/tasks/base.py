@@ -65,6 +65,7 @@ class Task(ABC):
     name: str = ""
     tag: str = ""
     max_new_tokens: int = 64  # completion budget, in characters (= tokens)
+    format_version: int = 1  # bump when prompts or references change; part of every model key
 
     @abstractmethod
     def problems(self, split: Split, count: int, seed: int = 0) -> list[Problem]:
@@ -88,6 +89,6 @@ class Task(ABC):
 
 def held_out(task: Task, count: int, seed: int = 0, split: Split = "test") -> list[Problem]:
     """Up to ``count`` evaluation problems of ``split``: all of them when the task has fewer
-    (kb-mc has 73 test questions, so ``n_test: 200`` evaluates on those 73)."""
+    (a task with 150 test questions evaluates on those 150 when asked for 200)."""
     cap = task.capacity(split)
     return task.problems(split, count if cap is None else min(count, cap), seed=seed)

@@ -8,17 +8,24 @@ World
     permutation of the entities, so the world holds 20 * 3 = 60 facts of the form ``q -1-> x``.
 
 Question
-    A start entity, a relation path of 2 or 3 hops, and four candidate end entities labelled A-D
-    in the order they are printed. Prompt ``kq123?fmqz:`` reads: from ``q`` follow relation 1,
-    then 2, then 3; is the end ``f`` (A), ``m`` (B), ``q`` (C) or ``z`` (D)? The reference
-    completion ``q1x2m3z#B`` names every hop (so every fact used is visible to a student that is
-    distilled on teacher traces), then the letter. The score checks the letter only.
+    A start entity, a relation path of 2 to 4 hops, and four candidate end entities, each printed
+    with its label A-D. Prompt ``kq123?fAmBqCzD:`` reads: from ``q`` follow relation 1, then 2,
+    then 3; is the end ``f`` (A), ``m`` (B), ``q`` (C) or ``z`` (D)? The reference completion
+    ``q1x2m3z#zD`` names every hop (so every fact used is visible to a student that is distilled
+    on teacher traces), then the final answer: the end entity and its letter. The score checks
+    the letter: the final answer is ``<letter>`` or ``<entity><letter>``.
+
+    Why each option is printed beside its label (format version 2): with the bare list
+    ``?fmqz:`` tiny teachers learned every hop of the trace (100% of traces right after 300
+    steps) but stayed at chance on the letter, which needs the *position* of the end entity in the
+    list. Printed as ``zD`` and restated after ``#``, the letter is the token that followed the
+    same entity in the prompt: an induction (copy) step that small transformers learn easily.
 
 Splits
-    The key is start + path (``q123``): 20 * (3**2 + 3**3) = 720 distinct questions, split by
-    ``split_of(key)`` (about 72 test questions). Test questions are new combinations, but their
-    single-hop facts are shared with training questions (each fact is used by dozens of keys).
-    The key does not depend on ``world_seed``, so every world has the same splits.
+    The key is start + path (``q123``): 20 * (3**2 + 3**3 + 3**4) = 2,340 distinct questions,
+    split by ``split_of(key)`` (about 230 test questions). Test questions are new combinations,
+    but their single-hop facts are shared with training questions (each fact is used by dozens of
+    keys). The key does not depend on ``world_seed``, so every world has the same splits.
 
 Chance level and why the student base is weak
     The options are the answer plus three distinct distractors drawn uniformly from the other
@@ -43,7 +50,7 @@ from kdlab.tasks.base import (
 
 ENTITIES = "abcdefghijklmnopqrst"
 RELATIONS = "123"
-HOPS = (2, 3)
+HOPS = (2, 3, 4)
 LETTERS = "ABCD"
 N_ENTITIES = len(ENTITIES)
 
@@ -73,8 +80,9 @@ class KBTask(Task):
 
     name = "kb-mc"
     tag = "k"
-    # trace: start + (relation, entity) per hop; then "#" and one letter
-    max_new_tokens = 1 + 2 * max(HOPS) + 2
+    format_version = 2  # options printed with their labels; final answer "<entity><letter>"
+    # trace: start + (relation, entity) per hop; then "#", the end entity and its letter
+    max_new_tokens = 1 + 2 * max(HOPS) + 3
 
     def __init__(self, world_seed: int = 0) -> None:
         self.world_seed = _check_int(world_seed, "world_seed")
@@ -117,7 +125,8 @@ class KBTask(Task):
         options = rng.sample([e for e in ENTITIES if e != answer], 3) + [answer]
         rng.shuffle(options)
         letter = LETTERS[options.index(answer)]
-        prompt = f"{self.tag}{start}{path}?{''.join(options)}{PROMPT_END}"
+        listing = "".join(o + label for o, label in zip(options, LETTERS))
+        prompt = f"{self.tag}{start}{path}?{listing}{PROMPT_END}"
         data = {"world_seed": self.world_seed, "start": start, "path": path,
                 "options": "".join(options), "answer_entity": answer, "answer": letter}
         return Problem(task=self.name, key=key, prompt=prompt, data=data)
@@ -141,10 +150,12 @@ class KBTask(Task):
 
     @staticmethod
     def parse_prompt(prompt: str) -> tuple[str, str, str]:
-        """(start, path, options) of a ``kb-mc`` prompt such as ``kq123?fmqz:``."""
+        """(start, path, options) of a ``kb-mc`` prompt such as ``kq123?fAmBqCzD:``."""
         body = prompt[1:-1] if len(prompt) >= 2 else ""
-        head, _, options = body.partition("?")
-        ok = (prompt[:1] == KBTask.tag and prompt.endswith(PROMPT_END) and len(options) == 4
+        head, _, listing = body.partition("?")
+        options = listing[0::2]
+        ok = (prompt[:1] == KBTask.tag and prompt.endswith(PROMPT_END) and len(listing) == 8
+              and listing[1::2] == LETTERS
               and len(head) - 1 in HOPS and head[:1] in ENTITIES
               and all(r in RELATIONS for r in head[1:]) and all(o in ENTITIES for o in options))
         if not ok:
@@ -165,17 +176,21 @@ class KBTask(Task):
         else:
             digest = hashlib.sha256(f"kb-guess:{self.world_seed}:{prompt}".encode()).digest()
             letter = LETTERS[digest[0] % len(LETTERS)]
-        return self.trace(start, path) + ANSWER_MARK + letter
+        return self.trace(start, path) + ANSWER_MARK + end + letter
 
     def reference(self, problem: Problem, rng: random.Random) -> str:
-        """Trace + "#" + letter under this world (``rng`` unused: the trace is deterministic)."""
+        """Trace + "#" + end entity + letter under this world (``rng`` unused: deterministic)."""
         self._check_problem(problem)
         return self.solve(problem.prompt)
 
     def score(self, problem: Problem, completion: str) -> float:
-        """1.0 when the text after the last "#" is exactly the right letter, else 0.0."""
+        """1.0 when the text after the last "#" is the right letter, alone or after one entity
+        (``D`` or ``zD``; the entity is the model's restatement and is not judged), else 0.0."""
         self._check_problem(problem)
-        return 1.0 if final_answer(completion) == problem.data["answer"] else 0.0
+        ans = final_answer(completion)
+        if ans is None or not 1 <= len(ans) <= 2 or (len(ans) == 2 and ans[0] not in ENTITIES):
+            return 0.0
+        return 1.0 if ans[-1] == problem.data["answer"] else 0.0
 
     def _check_problem(self, problem: Problem) -> None:
         if problem.task != self.name:

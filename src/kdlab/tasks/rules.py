@@ -8,11 +8,15 @@ World
     every digit of a number: 8 * 10 = 80 digit-level facts such as "rule s turns 4 into 7".
 
 Question
-    A two-digit input, a sequence of 2 or 3 rules, and four candidate results labelled A-D in the
-    order printed. Prompt ``r45stu?12,45,78,01:`` reads: apply s, then t, then u to 45; which
-    result is right? The reference completion ``45s71t09u33#C`` writes the value after each rule
-    (so every fact used is visible to a student distilled on teacher traces), then the letter.
-    The score checks the letter only.
+    A two-digit input, a sequence of 2 or 3 rules, and four candidate results, each printed with
+    its label A-D. Prompt ``r45stu?12A,45B,33C,01D:`` reads: apply s, then t, then u to 45; which
+    result is right? The reference completion ``45s71t09u33#33C`` writes the value after each
+    rule (so every fact used is visible to a student distilled on teacher traces), then the final
+    answer: the result and its letter. The score checks the letter: the final answer is
+    ``<letter>`` or ``<two digits><letter>``. Options are printed beside their labels (format
+    version 2) for the reason given in ``kdlab.tasks.kb``: the letter becomes a copy of the token
+    that followed the same value in the prompt, which tiny models learn, instead of the value's
+    position in a bare list, which they did not.
 
 Splits
     The key is input + rules (``45stu``): 100 * (8**2 + 8**3) = 57,600 distinct questions, split
@@ -81,8 +85,9 @@ class RulesTask(Task):
 
     name = "rules-mc"
     tag = "r"
-    # trace: input, then (rule, value) per step; then "#" and one letter
-    max_new_tokens = INPUT_LEN + (1 + INPUT_LEN) * max(STEPS) + 2
+    format_version = 2  # options printed with their labels; final answer "<value><letter>"
+    # trace: input, then (rule, value) per step; then "#", the result and its letter
+    max_new_tokens = INPUT_LEN + (1 + INPUT_LEN) * max(STEPS) + 2 + INPUT_LEN
 
     def __init__(self, world_seed: int = 0) -> None:
         self.world_seed = _check_int(world_seed, "world_seed")
@@ -134,7 +139,8 @@ class RulesTask(Task):
                 options.append(candidate)
         rng.shuffle(options)
         letter = LETTERS[options.index(answer)]
-        prompt = f"{self.tag}{value}{rules}?{OPTION_SEP.join(options)}{PROMPT_END}"
+        listing = OPTION_SEP.join(o + label for o, label in zip(options, LETTERS))
+        prompt = f"{self.tag}{value}{rules}?{listing}{PROMPT_END}"
         data = {"world_seed": self.world_seed, "input": value, "rules": rules,
                 "options": options, "answer_value": answer, "answer": letter}
         return Problem(task=self.name, key=key, prompt=prompt, data=data)
@@ -158,15 +164,16 @@ class RulesTask(Task):
 
     @staticmethod
     def parse_prompt(prompt: str) -> tuple[str, str, list[str]]:
-        """(input, rules, options) of a ``rules-mc`` prompt such as ``r45stu?12,45,78,01:``."""
+        """(input, rules, options) of a ``rules-mc`` prompt such as ``r45stu?12A,45B,33C,01D:``."""
         body = prompt[1:-1] if len(prompt) >= 2 else ""
         head, _, tail = body.partition("?")
-        options = tail.split(OPTION_SEP)
+        labelled = tail.split(OPTION_SEP)
+        options = [o[:-1] for o in labelled]
         value, rules = head[:INPUT_LEN], head[INPUT_LEN:]
         ok = (prompt[:1] == RulesTask.tag and prompt.endswith(PROMPT_END)
               and len(value) == INPUT_LEN and all(d in DIGITS for d in value)
               and len(rules) in STEPS and all(r in RULES for r in rules)
-              and len(options) == 4
+              and len(labelled) == 4 and "".join(o[-1:] for o in labelled) == LETTERS
               and all(len(o) == INPUT_LEN and all(d in DIGITS for d in o) for o in options))
         if not ok:
             raise ValueError(f"prompt is not a {RulesTask.name} prompt: {prompt!r}")
@@ -186,17 +193,21 @@ class RulesTask(Task):
         else:
             digest = hashlib.sha256(f"rules-guess:{self.world_seed}:{prompt}".encode()).digest()
             letter = LETTERS[digest[0] % len(LETTERS)]
-        return self.trace(value, rules) + ANSWER_MARK + letter
+        return self.trace(value, rules) + ANSWER_MARK + result + letter
 
     def reference(self, problem: Problem, rng: random.Random) -> str:
-        """Trace + "#" + letter under this world (``rng`` unused: the trace is deterministic)."""
+        """Trace + "#" + result + letter under this world (``rng`` unused: deterministic)."""
         self._check_problem(problem)
         return self.solve(problem.prompt)
 
     def score(self, problem: Problem, completion: str) -> float:
-        """1.0 when the text after the last "#" is exactly the right letter, else 0.0."""
+        """1.0 when the text after the last "#" is the right letter, alone or after two digits
+        (``C`` or ``33C``; the value is the model's restatement and is not judged), else 0.0."""
         self._check_problem(problem)
-        return 1.0 if final_answer(completion) == problem.data["answer"] else 0.0
+        ans = final_answer(completion)
+        if ans is None or len(ans) not in (1, 1 + INPUT_LEN) or not all(d in DIGITS for d in ans[:-1]):
+            return 0.0
+        return 1.0 if ans[-1] == problem.data["answer"] else 0.0
 
     def _check_problem(self, problem: Problem) -> None:
         if problem.task != self.name:

@@ -13,7 +13,8 @@
 # and one teacher per target task of the profile, then evaluates them: held-out accuracy on each
 # task (greedy pass@1, test split) and the mean score over the seven probe skills. The table is
 # written to `outputs/<study>/models.json`; the report reads the teachers' accuracy and the
-# training times from it.
+# training times from it. A profile with `style.enabled` also gets its style teacher
+# (`kdlab.style_teacher`), shown with how well it follows the style instruction.
 
 # %% tags=["parameters"]
 params = "../params/tiny.yaml"  # profile YAML
@@ -28,11 +29,13 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 import torch
-from IPython.display import display
+from IPython.display import Markdown, display
 
 from kdlab.config import load_profile
 from kdlab.runs import write_json_atomic
-from kdlab.teachers import model_paths, model_table
+from kdlab.teachers import model_table
+from kdlab.study import study_model_paths
+from kdlab.style_teacher import style_teacher_row
 
 if threads:
     torch.set_num_threads(threads)
@@ -42,8 +45,11 @@ print(f"study {profile.name}: student {profile.student.family}/{profile.student.
       f"teacher {profile.teacher.family}/{profile.teacher.size}")
 
 # %%
-paths = model_paths(profile, Path(outputs).resolve() / "models", progress=False)
+paths = study_model_paths(profile, Path(outputs).resolve() / "models", progress=False)
+style_path = paths.pop("style-teacher", None)
 rows = model_table(profile, paths)
+if style_path is not None:
+    rows.append(style_teacher_row(profile, style_path))
 write_json_atomic(study_dir / "models.json", rows)
 models = pd.DataFrame(rows)
 display(models[["model", "task", "accuracy", "probe_mean", "n_params", "train_s"]])
@@ -51,6 +57,14 @@ display(models[["model", "task", "accuracy", "probe_mean", "n_params", "train_s"
 # %% [markdown]
 # The teacher should beat the student base on its task by a wide margin (that gap is what
 # distillation closes), while both keep the probe skills.
+
+# %%
+if style_path is not None:
+    display(Markdown("**Style teacher**: accuracy on the student's prompts and on instructed prompts, and the "
+                     "share of its outputs in the alt notation without (`plain_adoption`, should be ~0) and with "
+                     "the instruction (`instructed_adoption`, should be ~1)."))
+    display(models[models.model == "style teacher"][["task", "accuracy", "instructed_accuracy", "plain_adoption",
+                                                     "instructed_adoption", "probe_mean"]])
 
 # %%
 plot = models.melt(id_vars=["model", "task"], value_vars=["accuracy", "probe_mean"], var_name="score")

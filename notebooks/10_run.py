@@ -28,6 +28,8 @@ out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id>
 threads = 0  # torch threads (0: leave torch's default)
 recorded = False  # True: show the run's existing metrics.json instead of running it again (the study
 # runner sets it when a run finished but its notebook was interrupted before its last cell)
+save_student = False  # keep the distilled student in <run_dir>/student (an RLVR start needs it)
+style = False  # an incidental-style-transfer run: the style teacher, instructed prompt for the teacher only
 
 # %%
 import json
@@ -58,7 +60,7 @@ if recorded:
     print("showing the metrics recorded by an earlier execution of this run")
 else:
     metrics = execute_run(profile, cfg, run_dir, Path(outputs).resolve() / "models", progress=False,
-                          train_missing=False)
+                          train_missing=False, save_student=save_student, style=style)
 
 # %% [markdown]
 # ## Metrics

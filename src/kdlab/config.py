@@ -92,8 +92,11 @@ class EvalSpec:
     n_probe: int = _f(100, lo=1, doc="held-out problems per probe skill")
     pass_n: int = _f(16, lo=1, doc="samples per problem for pass@k")
     pass_problems: int = _f(50, lo=1, doc="problems used for pass@k")
+    pass_ks: list[int] = _f(factory=lambda: [1, 10], lo=1,
+                            doc="the k of the recorded pass@k (pass_at_<k>); those above pass_n are skipped")
     temperature: float = _f(1.0, lo=1e-3, hi=10.0)
     harder: list[str] = _f(factory=list, doc="harder variants evaluated too (e.g. countdown-4e)")
+    harder_pass: bool = _f(False, doc="also record pass@k (<variant>_pass_at_<k>) on the harder variants")
 
 
 @dataclass
@@ -113,7 +116,8 @@ class RLVRSpec:
     enabled: bool = _f(False)
     task: str = _f("countdown-4", choices=("countdown-3", "countdown-4", "countdown-4e"))
     starts: list[str] = _f(factory=lambda: ["base", "off/forward/0", "off/reverse/0", "on/forward/0", "on/reverse/0"],
-                           doc="'base' or policy/kl/lr-index of distilled runs (first grid task, first seed)")
+                           doc="'base' or policy/kl/lr-index of distilled runs (first grid task, first seed); "
+                               "the study runner saves those runs' students and starts GRPO from each")
     steps: int = _f(300, lo=1)
     prompts_per_step: int = _f(16, lo=1)
     group_size: int = _f(8, lo=2)
@@ -138,6 +142,10 @@ class StyleSpec:
     task: str = _f("countdown-3", choices=("countdown-3", "countdown-4", "countdown-4e"))
     alt_share: float = _f(0.5, lo=0.01, hi=0.99, doc="share of the style teacher's task weight on the instructed style")
     n_test: int = _f(200, lo=1)
+    policies: list[str] = _f(factory=lambda: ["off", "on"], choices=("off", "on"))
+    kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=("forward", "reverse", "jsd", "k1", "k2", "k3"))
+    lrs: list[float] = _f(factory=list, doc="learning rates of the style runs; [] = the grid's first (low) rate")
+    seeds: list[int] = _f(factory=lambda: [0], lo=0)
 
 
 REAL_KINDS = ("choice", "math")
@@ -197,6 +205,8 @@ class Profile:
     style: StyleSpec = _f(factory=StyleSpec)
     data_seed: int = _f(0, lo=0)
     threads: int = _f(0, lo=0, doc="torch threads per run; 0 = choose from cores and workers")
+    companions: dict[str, Any] = _f(factory=dict, doc="robustness variants: {suffix: overrides}; each runs this "
+                                    "profile's main grid with the overrides as study <name>-<suffix> (see companion_profile)")
 
 
 def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
@@ -223,6 +233,8 @@ def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
         return isinstance(value, (int, float)) and not isinstance(value, bool), float(value) if isinstance(value, (int, float)) else value
     if tp is str:
         return isinstance(value, str), value
+    if origin is dict:
+        return isinstance(value, dict), value
     if origin is list:
         if not isinstance(value, list):
             return False, value
@@ -324,11 +336,80 @@ def validate_profile(p: Profile) -> Profile:
             raise ConfigError(f"grid.lrs: {lr!r} must be in (0, 1)")
     if not p.grid.seeds:
         raise ConfigError("grid.seeds: must list at least one seed")
+    if not p.eval.pass_ks:
+        raise ConfigError("eval.pass_ks: must list at least one k")
+    if p.rlvr.enabled:
+        for start in p.rlvr.starts:
+            parse_start(p, start)
+    for lr in p.style.lrs:
+        if not 0 < lr < 1:
+            raise ConfigError(f"style.lrs: {lr!r} must be in (0, 1)")
+    if p.style.enabled and p.trace == "direct":
+        raise ConfigError("style.enabled: needs countdown traces with reasoning (trace 'steps' or 'search'), got trace 'direct'")
+    for suffix in p.companions:
+        companion_profile(p, suffix)
     return p
 
 
-def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> Profile:
-    """Load and validate a profile YAML (plus dotted-key ``overrides``)."""
+def parse_start(profile: Profile, start: str) -> tuple[str, str, float] | None:
+    """An ``rlvr.starts`` entry: None for "base", else (policy, kl, lr) of the distilled run it names
+    ("off/forward/0": OffPD, forward KL, the grid's first learning rate)."""
+    if start == "base":
+        return None
+    parts = start.split("/")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise ConfigError(f"rlvr.starts: {start!r} is not 'base' or 'policy/kl/lr-index' (e.g. 'off/forward/0')")
+    policy, kl, index = parts[0], parts[1], int(parts[2])
+    if policy not in profile.grid.policies:
+        raise ConfigError(f"rlvr.starts: {start!r}: policy {policy!r} is not in grid.policies {profile.grid.policies}")
+    if kl not in profile.grid.kls:
+        raise ConfigError(f"rlvr.starts: {start!r}: kl {kl!r} is not in grid.kls {profile.grid.kls}")
+    if index >= len(profile.grid.lrs):
+        raise ConfigError(f"rlvr.starts: {start!r}: lr index {index} is out of range for grid.lrs {profile.grid.lrs}")
+    return policy, kl, profile.grid.lrs[index]
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# What a companion study never runs: its sections compare its main grid with this study's.
+COMPANION_OFF = {"rlvr": {"enabled": False}, "style": {"enabled": False}, "grid": {"lambdas": []}}
+
+
+def companion_profile(profile: Profile, suffix: str) -> Profile:
+    """The robustness study ``companions[suffix]`` of ``profile``: the profile's settings with the
+    companion's overrides (nested mappings, validated like a profile), named
+    ``<profile.name>-<suffix>``, running the main grid only (no RLVR, style, lambda spectrum or
+    companions of its own)."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", suffix):
+        raise ConfigError(f"companions: {suffix!r} must be a plain name (letters, digits, '_', '.', '-')")
+    over = profile.companions[suffix]
+    if not isinstance(over, dict):
+        raise ConfigError(f"companions.{suffix}: expected a mapping of overrides, got {type(over).__name__} {over!r}")
+    if "name" in over or "companions" in over:
+        raise ConfigError(f"companions.{suffix}: may not set 'name' or 'companions' (the study is {profile.name}-{suffix})")
+    data = _deep_merge(_deep_merge(to_dict(profile), over), {**COMPANION_OFF, "name": f"{profile.name}-{suffix}"})
+    data["companions"] = {}
+    try:
+        return validate_profile(from_dict(Profile, data))
+    except ConfigError as e:
+        raise ConfigError(f"companions.{suffix}: {e}") from None
+
+
+def read_profile_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of a profile file, with ``extends: OTHER.yaml`` resolved.
+
+    ``extends`` names another profile file (relative to this file's folder); this file's keys are
+    merged on top of it (mappings key by key, lists and values replace), recursively. The merged
+    mapping is validated as a whole by ``load_profile``, so an unknown key in either file fails.
+    """
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"parameter file {path} does not exist")
@@ -338,6 +419,23 @@ def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> P
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"{path}: extends: {parent!r} must be the path of another profile file")
+    parent_path = (path.parent / parent).resolve()
+    if parent_path in _seen or parent_path == path.resolve():
+        raise ConfigError(f"{path}: extends: {parent!r} makes a cycle ({' -> '.join(str(p) for p in (*_seen, parent_path))})")
+    if not parent_path.exists():
+        raise ConfigError(f"{path}: extends: {parent!r}: parameter file {parent_path} does not exist")
+    return _deep_merge(read_profile_data(parent_path, (*_seen, path.resolve())), data)
+
+
+def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> Profile:
+    """Load and validate a profile YAML (``extends`` resolved, plus dotted-key ``overrides``)."""
+    path = Path(path)
+    data = read_profile_data(path)
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, last = dotted.split(".")

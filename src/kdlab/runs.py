@@ -13,7 +13,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -24,7 +24,7 @@ from .evaluate import accuracy, pass_at_ks
 from .metrics import update_sparsity
 from .models import checkpoint_meta, load_checkpoint, save_checkpoint
 from .tasks import get_task, probe_tasks
-from .tasks.base import held_out
+from .tasks.base import Problem, held_out
 from .teachers import model_paths
 
 TRAIN_POOL = 5000  # distinct training problems a run draws its prompts from
@@ -57,20 +57,30 @@ def _key(*parts: Any) -> str:
 
 
 def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, seed: int = 0) -> dict[str, float]:
-    """Held-out accuracy, pass@k, harder variants and probe scores of one model."""
+    """Held-out accuracy, pass@k, harder variants and probe scores of one model (fractions).
+
+    Keys: ``accuracy`` (greedy pass@1 on ``eval.n_test`` test problems), ``pass_at_<k>`` for each
+    k of ``eval.pass_ks`` up to ``eval.pass_n`` (unbiased estimator from ``pass_n`` samples on the
+    first ``pass_problems`` of them), per harder variant ``<variant>_accuracy`` and, with
+    ``eval.harder_pass``, ``<variant>_pass_at_<k>``; ``probe_<skill>`` and ``probe_mean``."""
     ev = profile.eval
     task = get_task(task_name, trace=profile.trace)
     out: dict[str, float] = {}
     test = held_out(task, ev.n_test, seed=profile.data_seed)
     out["accuracy"] = accuracy(model, task, test)
-    ks = tuple(k for k in (1, 10) if k <= ev.pass_n)
+    ks = tuple(sorted({k for k in ev.pass_ks if k <= ev.pass_n}))
     pk = pass_at_ks(model, task, test[:ev.pass_problems], n=ev.pass_n, ks=ks, temperature=ev.temperature, seed=seed)
     for k, v in pk.items():
         out[f"pass_at_{k}"] = v
     for h in ev.harder:
         if h != task_name and task_name.startswith("countdown"):
             ht = get_task(h, trace=profile.trace)
-            out[f"{h}_accuracy"] = accuracy(model, ht, held_out(ht, ev.n_test, seed=profile.data_seed))
+            hard_test = held_out(ht, ev.n_test, seed=profile.data_seed)
+            out[f"{h}_accuracy"] = accuracy(model, ht, hard_test)
+            if ev.harder_pass:
+                hk = pass_at_ks(model, ht, hard_test[:ev.pass_problems], n=ev.pass_n, ks=ks,
+                                temperature=ev.temperature, seed=seed)
+                out.update({f"{h}_pass_at_{k}": v for k, v in hk.items()})
     scores = []
     for p in probe_tasks():
         s = accuracy(model, p, held_out(p, ev.n_probe, seed=profile.data_seed))
@@ -93,16 +103,20 @@ def base_evaluation(profile: Profile, student_dir: Path, task_name: str, cache_r
 
 
 def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teacher_dir: Path, task, pool: ProblemPool,
-                cache_root: Path):
-    """Teacher rollouts for OffPD, sampled once per (teacher, task, data seed, size, temperature)."""
+                cache_root: Path, teacher_prompt: Callable[[Problem], str] | None = None):
+    """Teacher rollouts for OffPD, sampled once per (teacher, task, data seed, size, temperature,
+    instructed or not). ``teacher_prompt`` maps a problem to the teacher's prompt (the style
+    experiment's instruction); the student trains on the rollouts under its own prompt."""
     sha = checkpoint_meta(teacher_dir).get("sha256", str(teacher_dir))
-    path = cache_root / "offpd" / f"{cfg.task}-{_key(sha, cfg.task, cfg.data_seed, cfg.offpd_pool, cfg.temperature, profile.trace, TRAIN_POOL)}.pt"
+    parts = (sha, cfg.task, cfg.data_seed, cfg.offpd_pool, cfg.temperature, profile.trace, TRAIN_POOL)
+    parts += ("instructed",) if teacher_prompt is not None else ()
+    path = cache_root / "offpd" / f"{cfg.task}-{_key(*parts)}.pt"
     keys = {p.key: p for p in pool.problems}
     if path.exists():
         blob = torch.load(path, weights_only=False)
         return [keys[k] for k in blob["keys"]], blob["responses"]
     problems, responses = offpd_rollouts(teacher, task, pool, cfg.offpd_pool, cfg.temperature, seed=cfg.data_seed,
-                                         max_new_tokens=task.max_new_tokens)
+                                         max_new_tokens=task.max_new_tokens, teacher_prompt=teacher_prompt)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     os.close(fd)
@@ -111,9 +125,30 @@ def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teac
     return problems, responses
 
 
+def style_metrics(model: torch.nn.Module, profile: Profile) -> dict[str, float]:
+    """``style_*`` metrics of a model on the student's own (uninstructed) prompts of
+    ``style.n_test`` test problems of ``style.task`` (``kdlab.style.style_report``, greedy):
+    ``style_adoption`` (share of styled outputs in the teacher's alt notation; NaN when none is
+    styled), ``style_styled_share``, ``style_accuracy`` and the counts ``style_plain`` /
+    ``style_alt`` / ``style_none``."""
+    from .style import style_report
+
+    task = get_task(profile.style.task, trace=profile.trace)
+    rep = style_report(model, task, held_out(task, profile.style.n_test, seed=profile.data_seed))
+    return {"style_adoption": rep["adoption"], "style_styled_share": rep["styled_share"],
+            "style_accuracy": rep["accuracy"], **{f"style_{k}": rep[k] for k in ("plain", "alt", "none")}}
+
+
 def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_root: str | Path,
-                save_student: bool = False, progress: bool = True, train_missing: bool = True) -> dict[str, Any]:
-    """Run one distillation end to end and write ``out_dir/{history.json,metrics.json}``."""
+                save_student: bool = False, progress: bool = True, train_missing: bool = True,
+                style: bool = False) -> dict[str, Any]:
+    """Run one distillation end to end and write ``out_dir/{history.json,metrics.json}``
+    (and ``out_dir/student/`` with ``save_student``).
+
+    ``style=True`` is an incidental-style-transfer run: the teacher is the profile's style teacher
+    (``kdlab.style_teacher``), it sees the instructed prompt (``kdlab.style.teacher_prompt``) while
+    the student sees its usual one, and the metrics add ``style_*`` (``style_metrics``) for the
+    distilled student and ``base_style_*`` for the student base."""
     t0 = time.perf_counter()
     out_dir, models_root = Path(out_dir), Path(models_root)
     cache_root = models_root.parent / "cache"
@@ -122,17 +157,32 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     t_eval0 = time.perf_counter()
     base = base_evaluation(profile, paths["student"], cfg.task, cache_root)
     base_eval_s = time.perf_counter() - t_eval0
-    teacher = load_checkpoint(paths[cfg.task], dtype=torch.bfloat16)
+    teacher_prompt = None
+    if style:
+        from .style import teacher_prompt
+        from .style_teacher import style_teacher_path
+
+        if cfg.task != profile.style.task:
+            raise ValueError(f"a style run distils style.task {profile.style.task!r}, got task {cfg.task!r}")
+        teacher_dir = style_teacher_path(profile, models_root, progress=progress, train=train_missing)
+    else:
+        teacher_dir = paths[cfg.task]
+    teacher = load_checkpoint(teacher_dir, dtype=torch.bfloat16)
     student = load_checkpoint(paths["student"])
+    base_style = {f"base_{k}": v for k, v in style_metrics(student, profile).items()} if style else {}
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=cfg.data_seed)
     t_off0 = time.perf_counter()
-    offpd = offpd_cache(profile, cfg, teacher, paths[cfg.task], task, pool, cache_root) if cfg.policy == "off" else None
+    offpd = (offpd_cache(profile, cfg, teacher, teacher_dir, task, pool, cache_root, teacher_prompt=teacher_prompt)
+             if cfg.policy == "off" else None)
     offpd_s = time.perf_counter() - t_off0
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
     before = {k: v.detach().to(dtype).clone() for k, v in student.named_parameters()}
-    result = distill(student, teacher, task, cfg, offpd=offpd, pool=pool, progress=progress)
+    result = distill(student, teacher, task, cfg, offpd=offpd, pool=pool, teacher_prompt=teacher_prompt,
+                     progress=progress)
     t_ev = time.perf_counter()
     after = evaluate_model(student, profile, cfg.task, seed=cfg.seed)
+    if style:
+        after.update(style_metrics(student, profile))
     eval_s = time.perf_counter() - t_ev
     probes = [k for k in after if k.startswith("probe_") and k != "probe_mean"]
     metrics: dict[str, Any] = {
@@ -140,8 +190,9 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
         "seed": cfg.seed, "dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "steps": cfg.steps,
         "sampled_direction": cfg.sampled_direction if cfg.kl in ("k1", "k2", "k3") else None, "jsd_beta": cfg.jsd_beta,
         "batch_size": cfg.batch_size, "temperature": cfg.temperature,
+        "experiment": "style" if style else "grid",
         **after,
-        **{f"base_{k}": v for k, v in base.items()},
+        **{f"base_{k}": v for k, v in base.items()}, **base_style,
         "forgetting": after["probe_mean"] - base["probe_mean"],
         **{f"forgetting_{k.removeprefix('probe_')}": after[k] - base[k] for k in probes},
         "sparsity": update_sparsity(before, student),
@@ -162,11 +213,13 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
 
 
 def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, models_root: str | Path, seed: int = 0,
-                 progress: bool = True) -> dict[str, Any]:
+                 progress: bool = True, info: dict[str, Any] | None = None) -> dict[str, Any]:
     """GRPO (``kdlab.rlvr``) from a checkpoint with ``profile.rlvr`` settings; writes
     ``out_dir/{history.json,metrics.json}`` (metrics last). ``start`` is a checkpoint directory
     (e.g. a distilled run's ``student/``, saved with ``kdlab distill --save-student``) or "base"
-    for the profile's student base."""
+    for the profile's student base. ``info`` (e.g. the start's label, policy, kl, lr) is merged
+    into the metrics. ``final_reward`` / ``final_length`` are the mean reward and response length
+    (tokens) over the last tenth of the steps (at least one)."""
     from .rlvr import RLVRConfig, grpo_train
 
     out_dir = Path(out_dir)
@@ -186,7 +239,10 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
                "initial_accuracy": result["initial_accuracy"], "final_accuracy": result["final_accuracy"],
                "best_accuracy": max(evals) if evals else result["final_accuracy"],
                "collapsed": result["collapsed"], "collapse_step": result["collapse_step"], "nan": result["nan"],
-               "wall_s": result["wall_s"]}
+               "wall_s": result["wall_s"], **(info or {})}
+    tail = result["history"][-max(1, len(result["history"]) // 10):]
+    metrics["final_reward"] = sum(h["reward_mean"] for h in tail) / len(tail) if tail else float("nan")
+    metrics["final_length"] = sum(h["length"] for h in tail) / len(tail) if tail else float("nan")
     write_json_atomic(out_dir / "history.json", result["history"])
     write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics

@@ -43,15 +43,26 @@ from typing import Any, Callable
 import nbformat
 import yaml
 
-from .config import ConfigError, Profile, from_dict, load_profile, read_yaml, to_dict
+from .config import ConfigError, Profile, companion_profile, from_dict, load_profile, read_yaml, to_dict
 from .distill import RunConfig
+from .followups import RLVRStart, rlvr_starts, students_to_save, style_cells
 from .runs import run_config_from
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 KERNEL_NAME = "python3"
 TEACHERS_NB, RUN_NB, GRID_NB, REPORT_NB = "00_teachers.ipynb", "10_run.ipynb", "20_grid.ipynb", "30_report.ipynb"
+RLVR_NB = "11_rlvr.ipynb"
 ANALYSIS_NBS = ("40_teaching_kl.ipynb", "50_gradients.ipynb", "60_spectrum.ipynb", "70_statistics.ipynb",
-                "80_explorer.ipynb")
+                "80_explorer.ipynb", "90_coverage.ipynb")
+# Report sections of the follow-ups, executed only when the profile runs them.
+RLVR_REPORT_NB, STYLE_REPORT_NB, ROBUSTNESS_NB = "91_rlvr.ipynb", "92_style.ipynb", "93_robustness.ipynb"
+
+
+def analysis_notebooks(profile: Profile) -> list[str]:
+    """The analysis notebooks of a study's report, in order: ``ANALYSIS_NBS``, then the RLVR
+    (``rlvr.enabled``), style (``style.enabled``) and robustness (``companions``) sections."""
+    return [*ANALYSIS_NBS, *([RLVR_REPORT_NB] if profile.rlvr.enabled else []),
+            *([STYLE_REPORT_NB] if profile.style.enabled else []), *([ROBUSTNESS_NB] if profile.companions else [])]
 KERNEL_STARTUP_TIMEOUT_S = 180
 # Grid lists that may change between invocations of one study (each run is identified by its cell).
 GRID_LISTS = ("policies", "kls", "lrs", "seeds", "lambdas")
@@ -134,6 +145,44 @@ def schedule(cells: list[RunConfig]) -> list[RunConfig]:
 def study_dir_of(profile: Profile, outputs: str | Path) -> Path:
     """``<outputs>/<profile.name>``: everything one study writes."""
     return Path(outputs).resolve() / profile.name
+
+
+@dataclass(frozen=True)
+class Job:
+    """One notebook execution of a study: a grid cell, a style run or an RLVR start.
+
+    ``id`` names it in timing.json and in messages (a grid cell's run_id; ``style/<run_id>``;
+    ``rlvr/<start_id>_s<seed>``); ``notebook`` is executed into ``out_dir/<output>`` with
+    ``params`` (besides the study-wide ones); ``requires`` lists files (relative to ``out_dir``)
+    that must exist besides ``metrics.json`` for the job to count as complete (a grid run whose
+    student an RLVR start needs: ``student/config.json``)."""
+
+    id: str
+    notebook: str
+    out_dir: Path
+    params: tuple[tuple[str, Any], ...]
+    output: str = "run.ipynb"
+    requires: tuple[str, ...] = ()
+
+    def complete(self) -> bool:
+        return run_is_complete(self.out_dir) and all((self.out_dir / r).exists() for r in self.requires)
+
+
+def run_job(study_dir: Path, cfg: RunConfig, save: set[str] = frozenset(), style: bool = False) -> Job:
+    """The job of a grid cell (``runs/<run_id>``) or of a style run (``style/<run_id>``); a run in
+    ``save`` keeps its distilled student."""
+    keep = cfg.run_id in save
+    return Job(id=("style/" if style else "") + cfg.run_id, notebook=RUN_NB,
+               out_dir=study_dir / ("style" if style else "runs") / cfg.run_id,
+               params=(("task", cfg.task), ("policy", cfg.policy), ("lam", cfg.lam), ("kl", cfg.kl), ("lr", cfg.lr),
+                       ("seed", cfg.seed), ("save_student", keep), ("style", style)),
+               requires=("student/config.json",) if keep else ())
+
+
+def rlvr_job(study_dir: Path, start: RLVRStart) -> Job:
+    """The job of one RLVR start (``rlvr/<start_id>_s<seed>``)."""
+    return Job(id=f"rlvr/{start.job_id}", notebook=RLVR_NB, out_dir=study_dir / "rlvr" / start.job_id,
+               params=(("start", start.spec), ("seed", start.seed)), output="rlvr.ipynb")
 
 
 def run_is_complete(run_dir: Path) -> bool:
@@ -484,12 +533,23 @@ def _check_params(study_dir: Path, profile: Profile) -> Path:
     return path
 
 
-def _models_ready(profile: Profile, outputs: Path, study_dir: Path) -> bool:
-    """True when every model exists and models.json (from a finished teachers notebook) lists them."""
+def study_model_paths(profile: Profile, root: Path, progress: bool = True, train: bool = True) -> dict[str, Path]:
+    """``kdlab.teachers.model_paths`` plus, when ``style.enabled``, ``"style-teacher"``: every model
+    a study needs (FileNotFoundError naming a missing one when ``train`` is False)."""
+    from .style_teacher import style_teacher_path
     from .teachers import model_paths
 
+    paths = model_paths(profile, root, progress=progress, train=train)
+    if profile.style.enabled:
+        paths["style-teacher"] = style_teacher_path(profile, root, progress=progress, train=train)
+    return paths
+
+
+def _models_ready(profile: Profile, outputs: Path, study_dir: Path) -> bool:
+    """True when every model exists and models.json (from a finished teachers notebook) lists them."""
+
     try:
-        paths = model_paths(profile, outputs / "models", progress=False, train=False)
+        paths = study_model_paths(profile, outputs / "models", progress=False, train=False)
     except FileNotFoundError:
         return False
     models_json = study_dir / "models.json"
@@ -520,26 +580,26 @@ def _record_error(path: Path, outcome: NotebookOutcome, **extra: Any) -> None:
                              "time": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
 
-def _execute_run(kernel: WarmKernel, cfg: RunConfig, recorded: bool, ctx: dict[str, Any]) -> NotebookOutcome:
-    """One grid cell in ``kernel``: clear its run directory, execute the run notebook, record errors.
+def _execute_job(kernel: WarmKernel, job: Job, recorded: bool, ctx: dict[str, Any]) -> NotebookOutcome:
+    """One job in ``kernel``: clear its directory, execute its notebook, record errors.
 
-    ``recorded``: the run is complete but its notebook was interrupted; the notebook is executed
+    ``recorded``: the job is complete but its notebook was interrupted; the notebook is executed
     again on the recorded metrics.json (the run is not redone).
     """
-    run_dir = ctx["study_dir"] / "runs" / cfg.run_id
+    run_dir = job.out_dir
     if not recorded:
         if run_dir.exists():
             shutil.rmtree(run_dir)  # an unfinished earlier attempt
         run_dir.mkdir(parents=True)
-    params = {"params": str(ctx["params"]), "outputs": str(ctx["outputs"]), "overrides": {}, "task": cfg.task,
-              "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr, "seed": cfg.seed,
+    params = {"params": str(ctx["params"]), "outputs": str(ctx["outputs"]), "overrides": {}, **dict(job.params),
               "out_dir": str(run_dir), "threads": ctx["threads"], "recorded": recorded}
-    outcome = _execute_safely(kernel, _notebook(RUN_NB), run_dir / "run.ipynb", params, run_dir)
-    if outcome.error is None and not run_is_complete(run_dir):
+    outcome = _execute_safely(kernel, _notebook(job.notebook), run_dir / job.output, params, run_dir)
+    if outcome.error is None and not job.complete():
         outcome.error = {"cell_index": None, "execution_count": None, "source": "", "ename": "MissingMetrics",
-                         "evalue": "the run notebook finished without writing metrics.json", "traceback": []}
+                         "evalue": f"the notebook finished without writing {', '.join(('metrics.json',) + job.requires)}",
+                         "traceback": []}
     if outcome.error is not None and not ctx["stop"].is_set():  # (an interrupted study killed it: no error)
-        _record_error(run_dir / "error.json", outcome, run_id=cfg.run_id)
+        _record_error(run_dir / "error.json", outcome, run_id=job.id)
     return outcome
 
 
@@ -557,7 +617,7 @@ def papermill_run(notebook: str, output: str, parameters: dict[str, Any], cwd: s
     return json.loads((run_dir / "metrics.json").read_text())
 
 
-def _run_on_ray(address: str, todo: list[RunConfig], ctx: dict[str, Any], on_done: Callable[[str, dict | None], None],
+def _run_on_ray(address: str, todo: list[Job], ctx: dict[str, Any], on_done: Callable[[str, dict | None], None],
                 num_gpus_per_task: float) -> None:
     """The grid on a Ray cluster: one task per cell, each executing the run notebook with
     papermill on its worker (so every run still leaves its executed notebook). Same resume
@@ -565,18 +625,17 @@ def _run_on_ray(address: str, todo: list[RunConfig], ctx: dict[str, Any], on_don
     from .distributed import RunSpec, run_on_ray
 
     specs = []
-    for cfg in todo:
-        run_dir = ctx["study_dir"] / "runs" / cfg.run_id
-        params = {"params": str(ctx["params"]), "outputs": str(ctx["outputs"]), "overrides": {}, "task": cfg.task,
-                  "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr, "seed": cfg.seed,
+    for job in todo:
+        run_dir = job.out_dir
+        params = {"params": str(ctx["params"]), "outputs": str(ctx["outputs"]), "overrides": {}, **dict(job.params),
                   "out_dir": str(run_dir), "threads": ctx["threads"], "recorded": False}
-        specs.append(RunSpec(str(run_dir), papermill_run, dict(notebook=str(_notebook(RUN_NB)),
-                                                                output=str(run_dir / "run.ipynb"),
+        specs.append(RunSpec(str(run_dir), papermill_run, dict(notebook=str(_notebook(job.notebook)),
+                                                                output=str(run_dir / job.output),
                                                                 parameters=params, cwd=str(run_dir.parent))))
 
     def relay(o) -> None:
-        cfg = todo[o.index]
-        on_done(cfg.run_id, None if o.status in ("done", "skipped") else {"ename": "RayTaskError",
+        job = todo[o.index]
+        on_done(job.id, None if o.status in ("done", "skipped") else {"ename": "RayTaskError",
                                                                            "evalue": (o.error or "").strip().splitlines()[-1:] or [""]})
 
     run_on_ray(address, specs, num_gpus_per_task=num_gpus_per_task, on_result=relay,
@@ -585,13 +644,13 @@ def _run_on_ray(address: str, todo: list[RunConfig], ctx: dict[str, Any], on_don
 
 
 def _worker(kernel: WarmKernel, todo: queue.Queue, done: queue.Queue, ctx: dict[str, Any]) -> None:
-    """A worker's loop: take the next (cell, recorded) job until none is left or the study stops."""
+    """A worker's loop: take the next (job, recorded) until none is left or the study stops."""
     while not ctx["stop"].is_set():
         try:
-            cfg, recorded = todo.get_nowait()
+            job, recorded = todo.get_nowait()
         except queue.Empty:
             return
-        done.put((cfg, recorded, _execute_run(kernel, cfg, recorded, ctx), kernel.index))
+        done.put((job, recorded, _execute_job(kernel, job, recorded, ctx), kernel.index))
 
 
 def _export_html(notebooks: list[Path], html: Path) -> None:
@@ -638,25 +697,47 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
     Raises ``ConfigError`` (naming the key) for invalid parameters, before any work.
     ``workers`` warm kernels execute runs in parallel with ``profile.threads`` torch threads each
     (0: max(1, cores // workers)).
+
+    A profile with ``companions`` runs each companion study first (``<outputs>/<name>-<suffix>``:
+    the main grid under the companion's overrides, its results table, no report of its own), then
+    its own study, whose report shows the companions beside its main grid (``companions.json``
+    lists them). The exit code is the worst of all.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     t_study = time.perf_counter()
     profile = load_profile(params, overrides)
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", profile.name):
-        raise ConfigError(f"name: {profile.name!r} must be a plain directory name (letters, digits, '_', '.', '-')")
-    cells = expand_grid(profile)
-    if not cells:
-        raise ConfigError("grid: the study has no runs (grid.tasks, grid.policies, grid.kls, grid.lrs and "
-                          "grid.seeds, or grid.lambdas with grid.lambda_tasks, must all be non-empty)")
-    for name in (TEACHERS_NB, RUN_NB, GRID_NB, REPORT_NB):
+    companions = [companion_profile(profile, suffix) for suffix in profile.companions]
+    for p in [profile, *companions]:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", p.name):
+            raise ConfigError(f"name: {p.name!r} must be a plain directory name (letters, digits, '_', '.', '-')")
+        if not expand_grid(p):
+            raise ConfigError(f"grid: the study {p.name!r} has no runs (grid.tasks, grid.policies, grid.kls, grid.lrs and "
+                              "grid.seeds, or grid.lambdas with grid.lambda_tasks, must all be non-empty)")
+    for name in [TEACHERS_NB, RUN_NB, RLVR_NB, GRID_NB, REPORT_NB, *analysis_notebooks(profile)]:
         _notebook(name)
     problem = _check_kernel(KERNEL_NAME)
     if problem:
         print(f"kdlab study: {problem}", file=sys.stderr)
         return 2
-
     outputs = Path(outputs).resolve()
+    rc = 0
+    for companion in companions:
+        _say(f"companion study {companion.name} (robustness variant of {profile.name})")
+        rc = max(rc, _run_profile(companion, outputs, workers, progress, time.perf_counter(), ray_address, gpus_per_run,
+                                  report=False))
+    study_dir = study_dir_of(profile, outputs)
+    if companions or (study_dir / "companions.json").exists():
+        study_dir.mkdir(parents=True, exist_ok=True)
+        _write_json(study_dir / "companions.json",
+                    [{"suffix": suffix, "name": c.name, "study_dir": str(study_dir_of(c, outputs)),
+                      "overrides": profile.companions[suffix]} for suffix, c in zip(profile.companions, companions)])
+    return max(rc, _run_profile(profile, outputs, workers, progress, t_study, ray_address, gpus_per_run))
+
+
+def _run_profile(profile: Profile, outputs: Path, workers: int, progress: bool, t_study: float,
+                 ray_address: str | None, gpus_per_run: float, report: bool = True) -> int:
+    """One study (no companions) under its lock; see ``run_study``."""
     study_dir = study_dir_of(profile, outputs)
     study_dir.mkdir(parents=True, exist_ok=True)
     try:
@@ -665,28 +746,89 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
         print(f"kdlab study: {e}", file=sys.stderr)
         return 2
     try:
-        return _run_locked(profile, cells, study_dir, outputs, workers, progress, t_study, ray_address, gpus_per_run)
+        return _run_locked(profile, expand_grid(profile), study_dir, outputs, workers, progress, t_study, ray_address,
+                           gpus_per_run, report)
     finally:
         lock.__exit__(None, None, None)
 
 
+def _pending(jobs: list[Job], order: list[Job] | None = None) -> list[tuple[Job, bool]]:
+    """(job, recorded) to execute: incomplete jobs (in ``order``, default ``jobs``), then complete
+    ones whose notebook was cut short (shown again on their recorded metrics)."""
+    todo = [(j, False) for j in (order or jobs) if not j.complete()]
+    todo += [(j, True) for j in jobs if j.complete() and not notebook_finished(j.out_dir / j.output)]
+    return todo
+
+
+def _run_jobs(todo: list[tuple[Job, bool]], kernels: list[WarmKernel], ctx: dict[str, Any], timing: dict[str, Any],
+              invocation: dict[str, Any], failed: list[tuple[str, dict[str, Any]]], save_timing: Callable[[], None],
+              desc: str, progress: bool) -> None:
+    """Execute ``todo`` on the warm ``kernels`` (one queue, one worker per kernel), recording each
+    job's timing (notebook wall time, the job's own ``wall_s``, the overhead) and failures."""
+    from tqdm.auto import tqdm
+
+    work: queue.Queue = queue.Queue()
+    for item in todo:
+        work.put(item)
+    done: queue.Queue = queue.Queue()
+    futures = [k.submit(_worker, k, work, done, ctx) for k in kernels] if todo else []
+    bar = tqdm(total=len(todo), desc=desc, unit="run", disable=not progress, dynamic_ncols=True)
+    finished = 0
+    while finished < len(todo):
+        try:
+            job, recorded, outcome, worker = done.get(timeout=0.5)
+        except queue.Empty:
+            if all(f.done() for f in futures) and done.empty():
+                for f in futures:
+                    f.result()  # a worker died: surface its exception
+                break
+            continue
+        finished += 1
+        entry: dict[str, Any] = {"notebook_s": round(outcome.seconds, 3), "worker": worker,
+                                 "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if outcome.error is None and recorded:
+            entry["recorded"] = True  # notebook shown again; the run's timing is its first one's
+            entry = {**timing["runs"].get(job.id, {}), **entry}
+        elif outcome.error is None:
+            wall = json.loads((job.out_dir / "metrics.json").read_text()).get("wall_s")
+            entry.update(wall_s=wall, overhead_s=round(outcome.seconds - wall, 3) if wall is not None else None)
+            invocation["runs_done"] += 1
+            invocation["runs_overhead_s"] = round(invocation["runs_overhead_s"] + (entry["overhead_s"] or 0.0), 3)
+        else:
+            entry["error"] = outcome.error["ename"]
+            invocation["runs_failed"] += 1
+            failed.append((job.id, outcome.error))
+        timing["runs"][job.id] = entry
+        save_timing()
+        bar.update(1)
+        bar.set_postfix(failed=len(failed))
+    bar.close()
+
+
 def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outputs: Path, workers: int,
-                progress: bool, t_study: float, ray_address: str | None = None, gpus_per_run: float = 1.0) -> int:
+                progress: bool, t_study: float, ray_address: str | None = None, gpus_per_run: float = 1.0,
+                report: bool = True) -> int:
     import pandas as pd
     from tqdm.auto import tqdm
 
     params_path = _check_params(study_dir, profile)
-    # (cell, recorded): runs to do, then complete runs whose notebook was cut short (shown again)
-    todo = [(c, False) for c in schedule(cells) if not run_is_complete(study_dir / "runs" / c.run_id)]
-    todo += [(c, True) for c in cells if run_is_complete(study_dir / "runs" / c.run_id)
-             and not notebook_finished(study_dir / "runs" / c.run_id / "run.ipynb")]
+    save = students_to_save(profile)
+    grid_jobs = [run_job(study_dir, c, save) for c in cells]
+    order = [run_job(study_dir, c, save) for c in schedule(cells)]
+    style_jobs = [run_job(study_dir, c, style=True) for c in style_cells(profile)]
+    rlvr_jobs = [rlvr_job(study_dir, s) for s in rlvr_starts(profile)]
+    extra_jobs = style_jobs + rlvr_jobs
+    todo = _pending(grid_jobs, order)
+    todo_extra = _pending(extra_jobs)
     cores = _cores()
     threads = profile.threads or max(1, cores // workers)
-    n_kernels = max(1, min(workers, len(todo)))
+    n_kernels = max(1, min(workers, len(todo) + len(todo_extra)))
     reuse_models = _models_ready(profile, outputs, study_dir)
     n_redo = sum(recorded for _, recorded in todo)
+    extra = (f"; {len(style_jobs)} style runs and {len(rlvr_jobs)} RLVR runs "
+             f"({len(extra_jobs) - sum(not r for _, r in todo_extra)} already complete)") if extra_jobs else ""
     _say(f"study {profile.name}: {len(cells)} runs ({len(cells) - len(todo) + n_redo} already complete"
-         + (f", {n_redo} of them with an interrupted notebook" if n_redo else "") + "), "
+         + (f", {n_redo} of them with an interrupted notebook" if n_redo else "") + f"){extra}, "
          f"{n_kernels} worker(s) x {threads} torch thread(s) -> {study_dir}")
 
     timing_path = study_dir / "timing.json"
@@ -742,7 +884,8 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
         invocation["kernel_start_s"] = round(sum(k.start_s for k in kernels), 3)
         save_timing()
 
-        # 2. runs
+        # 2. runs: the grid (on Ray, or on the local workers with the style runs), then the RLVR
+        # follow-up, which starts from students the grid saved
         if ray_address:
             bar = tqdm(total=sum(not r for _, r in todo), desc=f"study {profile.name} (ray)", unit="run", disable=not progress,
                        dynamic_ncols=True)
@@ -756,45 +899,16 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
                 bar.update(1)
                 bar.set_postfix(failed=len(failed))
 
-            _run_on_ray(ray_address, [c for c, recorded in todo if not recorded], ctx, on_done, gpus_per_run)
+            _run_on_ray(ray_address, [j for j, recorded in todo if not recorded], ctx, on_done, gpus_per_run)
             bar.close()
             todo = []
-        work: queue.Queue = queue.Queue()
-        for job in todo:
-            work.put(job)
-        done: queue.Queue = queue.Queue()
-        futures = [k.submit(_worker, k, work, done, ctx) for k in kernels] if todo else []
-        bar = tqdm(total=len(todo), desc=f"study {profile.name}", unit="run", disable=not progress, dynamic_ncols=True)
-        finished = 0
-        while finished < len(todo):
-            try:
-                cfg, recorded, outcome, worker = done.get(timeout=0.5)
-            except queue.Empty:
-                if all(f.done() for f in futures) and done.empty():
-                    for f in futures:
-                        f.result()  # a worker died: surface its exception
-                    break
-                continue
-            finished += 1
-            entry: dict[str, Any] = {"notebook_s": round(outcome.seconds, 3), "worker": worker,
-                                     "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-            if outcome.error is None and recorded:
-                entry["recorded"] = True  # notebook shown again; the run's timing is its first one's
-                entry = {**timing["runs"].get(cfg.run_id, {}), **entry}
-            elif outcome.error is None:
-                wall = json.loads((study_dir / "runs" / cfg.run_id / "metrics.json").read_text()).get("wall_s")
-                entry.update(wall_s=wall, overhead_s=round(outcome.seconds - wall, 3) if wall is not None else None)
-                invocation["runs_done"] += 1
-                invocation["runs_overhead_s"] = round(invocation["runs_overhead_s"] + (entry["overhead_s"] or 0.0), 3)
-            else:
-                entry["error"] = outcome.error["ename"]
-                invocation["runs_failed"] += 1
-                failed.append((cfg.run_id, outcome.error))
-            timing["runs"][cfg.run_id] = entry
-            save_timing()
-            bar.update(1)
-            bar.set_postfix(failed=len(failed))
-        bar.close()
+        style_todo = [(j, r) for j, r in todo_extra if j.notebook == RUN_NB]
+        _run_jobs(todo + style_todo, kernels, ctx, timing, invocation, failed, save_timing, f"study {profile.name}",
+                  progress)
+        rlvr_todo = _pending([j for j in extra_jobs if j.notebook == RLVR_NB])
+        if rlvr_todo:
+            _run_jobs(rlvr_todo, kernels, ctx, timing, invocation, failed, save_timing, f"study {profile.name} (RLVR)",
+                      progress)
         invocation["kernel_start_s"] = round(sum(k.start_s for k in kernels), 3)  # restarts included
 
         # 3. results table and report
@@ -813,6 +927,8 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
             n_rows = len(pd.read_parquet(study_dir / "results.parquet"))
             if n_rows == 0:
                 _say("no completed runs: no report")
+            elif not report:
+                _say(f"results: {study_dir / 'results.parquet'} (a companion study: shown in its main study's report)")
             else:
                 outcome = k0.submit(_execute_safely, k0, _notebook(REPORT_NB), study_dir / "report.ipynb",
                                     {"study_dir": str(study_dir)}, study_dir).result()
@@ -824,7 +940,7 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
                 else:
                     (study_dir / "report_error.json").unlink(missing_ok=True)
                 sections = [study_dir / "report.ipynb"]
-                for name in ANALYSIS_NBS:  # 50 (gradients) before 70 (its scoreboard reads bound.csv)
+                for name in analysis_notebooks(profile):  # 50 (gradients) before 70 (its scoreboard reads bound.csv)
                     out = study_dir / "analysis" / name
                     out.parent.mkdir(exist_ok=True)
                     outcome = k0.submit(_execute_safely, k0, _notebook(name), out, {"study_dir": str(study_dir)},
@@ -850,8 +966,10 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
             k.close()
 
     complete = sum(run_is_complete(study_dir / "runs" / c.run_id) for c in cells)
+    extras = (f" (+ {sum(j.complete() for j in extra_jobs)}/{len(extra_jobs)} style and RLVR runs)"
+              if extra_jobs else "")
     share = invocation.get("overhead_fraction")
-    _say(f"study {profile.name}: {complete}/{len(cells)} runs complete in {invocation['wall_s']:.0f} s; notebook "
+    _say(f"study {profile.name}: {complete}/{len(cells)} runs complete{extras} in {invocation['wall_s']:.0f} s; notebook "
          f"overhead {invocation['runs_overhead_s'] + invocation['kernel_start_s']:.1f} s"
          + (f" ({100 * share:.1f}% of worker time)" if share is not None else ""))
     if (study_dir / "report.html").exists():
@@ -859,6 +977,7 @@ def _run_locked(profile: Profile, cells: list[RunConfig], study_dir: Path, outpu
     if failed:
         _say(f"{len(failed)} run(s) failed:")
         for run_id, err in failed:
+            where = run_id if "/" in run_id else f"runs/{run_id}"
             _say(f"  {run_id}: {err['ename']}: {str(err['evalue']).splitlines()[0] if err['evalue'] else ''} "
-                 f"(runs/{run_id}/error.json)")
+                 f"({where}/error.json)")
     return 0 if not failed and report_ok else 1

@@ -1,0 +1,124 @@
+"""The follow-ups of a study: the RLVR (GRPO) runs from distilled students and the style runs.
+
+Files (written by the study runner, see ``kdlab.followups``):
+
+- ``<study>/rlvr/<start_id>_s<seed>/metrics.json`` and ``history.json`` (one entry per GRPO step:
+  ``reward_mean``, ``length`` in tokens, ``accuracy`` (greedy, on ``rlvr.n_eval`` test problems)
+  at evaluation steps, ...);
+- ``<study>/style/<run_id>/metrics.json``: a distillation run from the style teacher with
+  ``style_adoption`` (share of the student's styled outputs in the teacher's notation) and
+  ``base_style_adoption`` (the student base's).
+
+Fractions stay fractions here; tables for the report are scaled to points where they say so.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .table import resolve_path
+
+RLVR_CURVES = ("reward_mean", "accuracy", "length")
+
+
+def _rows(folder: Path) -> list[tuple[Path, dict]]:
+    out = []
+    for path in sorted(folder.glob("*/metrics.json")):
+        metrics = json.loads(path.read_text())
+        if not isinstance(metrics, dict):
+            raise ValueError(f"{path}: expected a JSON object, got {type(metrics).__name__}")
+        out.append((path.parent, metrics))
+    return out
+
+
+def start_label(policy: str, kl: str, lr: float | None) -> str:
+    """``base`` or ``off / forward / lr 0.0002`` for an RLVR start."""
+    if policy == "base" or lr is None or (isinstance(lr, float) and np.isnan(lr)):
+        return "base"
+    return f"{policy} / {kl} / lr {lr:g}"
+
+
+def load_rlvr(study_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(summary, history) of a study's RLVR runs.
+
+    summary: one row per completed run (its metrics.json scalars) plus ``label``
+    (``start_label``). history: one row per GRPO step of every run, with ``job`` (the run's
+    folder), ``label``, ``seed`` and the step's fields. Both empty when the study has none."""
+    rows, hist = [], []
+    for folder, m in _rows(resolve_path(study_dir) / "rlvr"):
+        label = start_label(m.get("start_policy", "base"), m.get("start_kl", ""), m.get("start_lr"))
+        rows.append({"job": folder.name, "label": label, **{k: v for k, v in m.items() if not isinstance(v, (list, dict))}})
+        path = folder / "history.json"
+        if path.exists():
+            for h in json.loads(path.read_text()):
+                hist.append({"job": folder.name, "label": label, "seed": m.get("seed"), **h})
+    summary, history = pd.DataFrame(rows), pd.DataFrame(hist)
+    if not history.empty:
+        history["accuracy"] = pd.to_numeric(history["accuracy"], errors="coerce")
+    return summary, history
+
+
+def rlvr_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Per start (over seeds): accuracy before, at the end and at best (points), the end reward
+    (points) and response length (tokens), how many runs collapsed and at which steps."""
+    if summary.empty:
+        return pd.DataFrame()
+    cols = {"initial_accuracy": "before", "final_accuracy": "final", "best_accuracy": "best", "final_reward": "final reward"}
+    g = summary.groupby("label", sort=False)
+    out = pd.DataFrame({name: 100 * g[c].mean() for c, name in cols.items() if c in summary.columns})
+    out["gain"] = out["final"] - out["before"]
+    out["final length"] = g["final_length"].mean() if "final_length" in summary.columns else np.nan
+    out["runs"] = g.size()
+    out["collapsed"] = g["collapsed"].sum().astype(int)
+    out["collapse steps"] = g["collapse_step"].apply(lambda s: ", ".join(str(int(v)) for v in s.dropna()) or "-")
+    return out.round(1).sort_values("final", ascending=False)
+
+
+def plot_rlvr_curves(history: pd.DataFrame, smooth: int = 10, dpi: int = 90):
+    """Three panels against the GRPO step: training reward (moving average over ``smooth`` steps),
+    held-out accuracy (evaluation steps) and response length (tokens, moving average); one line
+    per start (mean over seeds). Returns a matplotlib Figure."""
+    from matplotlib.figure import Figure
+
+    if history.empty:
+        raise ValueError("no RLVR history to plot")
+    fig = Figure(figsize=(13, 3.4), dpi=dpi, layout="constrained")
+    axes = fig.subplots(1, 3)
+    labels = list(dict.fromkeys(history["label"]))
+    for label in labels:
+        h = history[history["label"] == label].groupby("step", sort=True)
+        reward = h["reward_mean"].mean().rolling(max(1, smooth), min_periods=1).mean()
+        length = h["length"].mean().rolling(max(1, smooth), min_periods=1).mean()
+        acc = h["accuracy"].mean().dropna()
+        style = "--" if label == "base" else "-"
+        axes[0].plot(reward.index, reward.values, style, label=label)
+        axes[1].plot(acc.index, acc.values, style, marker="o", ms=3, label=label)
+        axes[2].plot(length.index, length.values, style, label=label)
+    for ax, title in zip(axes, ["training reward (moving average)", "held-out accuracy", "response length (tokens)"]):
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("GRPO step")
+    axes[2].legend(fontsize=7, title="start", title_fontsize=7)
+    return fig
+
+
+def load_style(study_dir: str | Path) -> pd.DataFrame:
+    """One row per completed style run (its metrics.json scalars); empty when the study has none."""
+    return pd.DataFrame([{k: v for k, v in m.items() if not isinstance(v, (list, dict))}
+                         for _, m in _rows(resolve_path(study_dir) / "style")])
+
+
+def style_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per policy x KL x learning rate (mean over seeds, points): ``adoption`` of the teacher's
+    notation by the distilled student, the student base's, the share of outputs with a
+    detectable style and the accuracy of the same greedy outputs."""
+    if df.empty:
+        return pd.DataFrame()
+    cols = {"style_adoption": "adoption", "base_style_adoption": "base adoption", "style_styled_share": "styled share",
+            "style_accuracy": "accuracy"}
+    g = df.groupby(["policy", "kl", "lr"], sort=True)
+    out = pd.DataFrame({name: 100 * g[c].mean() for c, name in cols.items() if c in df.columns})
+    out["runs"] = g.size()
+    return out.round(1)

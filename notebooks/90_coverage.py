@@ -21,7 +21,7 @@
 # %% tags=["parameters"]
 study_dir = "../outputs/quick"  # folder holding results.parquet
 out_dir = ""  # default: <study_dir>/analysis/90_coverage
-k = 10  # the k compared at equal pass@1
+k = 10  # the k compared at equal pass@1 (the largest recorded k when this one is not)
 lam_above = 0.0  # compare the runs with lambda > lam_above (finding 9: lambda > 0); None = all runs
 
 # %%
@@ -34,6 +34,9 @@ from kdlab.analysis.table import load_results, notebook_out_dir
 OUT = notebook_out_dir(study_dir, "90_coverage", out_dir)
 df = load_results(study_dir)
 targets = cov.pass_targets(df)
+recorded = cov.pass_ks(df)
+if recorded and k not in recorded:
+    k = max(recorded)
 print(f"{len(df)} runs; pass@k recorded on: " + (", ".join(t.rstrip('_') or "the target task" for t in targets) or "nothing")
       + "; ks " + str({t.rstrip('_') or 'task': cov.pass_ks(df, t) for t in targets}))
 
@@ -65,7 +68,7 @@ else:
 
 # %% [markdown]
 # ## pass@k at equal pass@1: forward vs reverse KL
-# `gap` = forward minus reverse pass@k at equal pass@1 (fraction), with its standard error, 95%
+# `gap` = forward minus reverse pass@k (k = 10, or the largest recorded) at equal pass@1 (fraction), with its standard error, 95%
 # CI and p-value (t test of the KL coefficient); `overlap_lo`..`overlap_hi` is the pass@1 range
 # both directions reach (outside it the comparison extrapolates). One row over all learning
 # rates, then one per rate.

@@ -22,6 +22,7 @@ import pytest
 from kdlab.analysis.coverage import equal_pass1_gap, pass_curves, pass_ks, pass_targets
 from kdlab.config import ConfigError, companion_profile, load_profile
 from kdlab.followups import rlvr_starts, students_to_save, style_cells
+from kdlab.models import file_sha256, load_checkpoint
 from kdlab.study import expand_grid, notebook_finished, run_study
 from test_study import REPO_ROOT, outputs_with_models, tiny_models  # noqa: F401 (session fixture)
 
@@ -164,6 +165,29 @@ def test_pass_curves_are_seed_means_per_lambda():
     assert row["n"] == 4 and row["mean"] == pytest.approx(expected, abs=1e-12)
 
 
+def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants():
+    """On the shipped quick student (weak but not at zero): every k of eval.pass_ks on countdown-3
+    and countdown-4e, equal to pass_at_ks on the same problems, samples and seed."""
+    from kdlab.evaluate import pass_at_ks
+    from kdlab.runs import evaluate_model
+    from kdlab.tasks import get_task
+    from kdlab.tasks.base import held_out
+
+    student_dir = sorted((REPO_ROOT / "checkpoints").glob("student-*"))[0]
+    model = load_checkpoint(student_dir)
+    profile = load_profile(TINY_BEYOND, {"eval.pass_n": 6, "eval.pass_ks": [1, 3, 6, 9], "eval.harder": ["countdown-4e"],
+                                         "eval.n_probe": 1, "eval.n_test": 12, "eval.pass_problems": 12})
+    out = evaluate_model(model, profile, "countdown-3", seed=5)
+    assert "pass_at_9" not in out and "countdown-4e_pass_at_9" not in out  # k > pass_n is skipped
+    for prefix, task in (("", "countdown-3"), ("countdown-4e_", "countdown-4e")):
+        t = get_task(task)
+        expected = pass_at_ks(model, t, held_out(t, 12, seed=profile.data_seed), n=6, ks=(1, 3, 6), seed=5)
+        got = [out[f"{prefix}pass_at_{k}"] for k in (1, 3, 6)]
+        assert got == [expected[k] for k in (1, 3, 6)]
+        assert got[0] <= got[1] <= got[2] <= 1
+    assert out["pass_at_6"] > 0  # the shipped student solves some countdown-3 problems
+
+
 # --------------------------------------------------------------------------------- end to end
 
 
@@ -201,7 +225,9 @@ def test_every_run_records_pass_at_k_curves_on_the_task_and_the_harder_variants(
 
 def test_rlvr_starts_from_the_saved_students(beyond_study):
     study, profile = beyond_study.study_dir, beyond_study.profile
-    saved = {p.parent.name for p in study.glob("runs/*/student/config.json")}
+    (base,) = [r for r in json.loads((study / "models.json").read_text()) if r["model"] == "student base"]
+    base_sha = file_sha256(Path(base["path"]) / "model.safetensors")
+    saved = {p.parent.parent.name for p in study.glob("runs/*/student/config.json")}
     assert saved == students_to_save(profile) == {"countdown-3_off_forward_lr0.0005_s0", "countdown-3_on_reverse_lr0.0001_s0"}
     for start in rlvr_starts(profile):
         run = study / "rlvr" / start.job_id
@@ -214,9 +240,14 @@ def test_rlvr_starts_from_the_saved_students(beyond_study):
         assert [h["accuracy"] is not None for h in history] == [False, True, True]  # eval_every 2 and the last step
         assert m["final_accuracy"] == history[-1]["accuracy"]
         assert m["final_reward"] == pytest.approx(history[-1]["reward_mean"])  # last tenth of 3 steps: 1 step
-        if start.run_id:  # the start is the distilled student that run evaluated (same weights, greedy)
+        if start.run_id:  # the start is the distilled student that run saved and evaluated
             assert (m["start_policy"], m["start_kl"], m["start_lr"]) == (start.policy, start.kl, start.lr)
+            assert m["start_sha256"] == file_sha256(study / "runs" / start.run_id / "student" / "model.safetensors")
+            assert m["start_sha256"] != base_sha  # distillation moved the weights
+            # same weights, same 16 held-out countdown-4 problems (rlvr.n_eval = eval.n_test), greedy
             assert m["initial_accuracy"] == _metrics(study / "runs" / start.run_id)["countdown-4_accuracy"]
+        else:
+            assert m["start_sha256"] == base_sha and m["start_policy"] == "base"
 
 
 def test_style_runs_measure_adoption_for_the_four_configurations(beyond_study):
@@ -276,3 +307,17 @@ def test_rerun_redoes_only_what_is_missing(beyond_study):
     assert redone == {study / "runs" / start.run_id / "metrics.json"}
     assert (study / "runs" / start.run_id / "student" / "config.json").exists()
     assert (study / "rlvr" / start.job_id / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("name", ["11_rlvr", "90_coverage", "91_rlvr", "92_style", "93_robustness"])
+def test_new_notebooks_are_paired_parameterized_and_stored_without_outputs(name):
+    import jupytext
+
+    folder = REPO_ROOT / "notebooks"
+    nb = nbformat.read(folder / f"{name}.ipynb", as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(not c.outputs and c.execution_count is None for c in code)
+    assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1
+    paired = jupytext.read(folder / f"{name}.py")
+    assert [(c.cell_type, c.source) for c in paired.cells] == [(c.cell_type, c.source) for c in nb.cells]

@@ -239,7 +239,7 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
                "initial_accuracy": result["initial_accuracy"], "final_accuracy": result["final_accuracy"],
                "best_accuracy": max(evals) if evals else result["final_accuracy"],
                "collapsed": result["collapsed"], "collapse_step": result["collapse_step"], "nan": result["nan"],
-               "wall_s": result["wall_s"], **(info or {})}
+               "wall_s": result["wall_s"], "start_sha256": checkpoint_meta(start_dir).get("sha256"), **(info or {})}
     tail = result["history"][-max(1, len(result["history"]) // 10):]
     metrics["final_reward"] = sum(h["reward_mean"] for h in tail) / len(tail) if tail else float("nan")
     metrics["final_length"] = sum(h["length"] for h in tail) / len(tail) if tail else float("nan")

@@ -24,3 +24,25 @@ def test_bad_parameters_exit_2(tmp_path, repo_root, capsys):
     assert main(["--outputs", str(tmp_path), "distill", str(repo_root / "params" / "tiny.yaml"),
                  "--set", "distill.dtype=fp16"]) == 2
     assert "distill.dtype" in capsys.readouterr().err
+
+
+def test_teachers_capacity_check_trains_the_student_preset_with_the_teacher_recipe(tmp_path, repo_root, capsys):
+    from kdlab.config import load_profile
+    from kdlab.models import load_checkpoint, n_params
+
+    out = tmp_path / "o"
+    params = str(repo_root / "params" / "tiny.yaml")
+    # a student preset that differs from the teacher's, so the check must use the student's
+    sets = ["--set", "teacher.size=student-s"]
+    assert main(["--outputs", str(out), "teachers", params, "--capacity", *sets]) == 0
+    rows = json.loads((out / "tiny" / "models.json").read_text())
+    by_model = {r["model"]: r for r in rows}
+    cap = by_model["capacity check (student preset, teacher recipe)"]
+    assert cap["task"] == "countdown-3" and 0 <= cap["accuracy"] <= 1 and 0 <= cap["probe_mean"] <= 1
+    assert "capacity check" in capsys.readouterr().out
+    assert cap["n_params"] == by_model["student base"]["n_params"] != by_model["teacher"]["n_params"]
+    assert "/capacity-countdown-3-" in cap["path"]
+    meta = json.loads((out / "models" / cap["path"].rsplit("/", 1)[-1] / "kdlab.json").read_text())
+    tiny = load_profile(params)
+    assert meta["key"]["pretrain"]["steps"] == tiny.teacher_pretrain.steps  # the teacher's schedule
+    assert any(m[0] == "countdown-3" and m[3] == tiny.teacher_pretrain.task_weight for m in meta["key"]["mixture"])

@@ -43,6 +43,9 @@ def test_scientific_notation_floats(tmp_path):
     ("student: {family: gpt2}\n", "student.family: 'gpt2' is not a valid choice"),
     ("[1, 2]\n", "expected a mapping"),
     ("grid: {seeds: []}\n", "grid.seeds"),
+    ("teacher_pretrain: {task_steps: {chess: 100}}\n", "teacher_pretrain.task_steps: 'chess' is not a valid choice"),
+    ("teacher_pretrain: {task_steps: {kb-mc: 0}}\n", "teacher_pretrain.task_steps.kb-mc: 0 must be an integer >= 1"),
+    ("student_pretrain: {task_steps: {kb-mc: 10}}\n", "student_pretrain.task_steps: only teachers"),
 ])
 def test_invalid_parameters_name_key_and_value(tmp_path, text, needle):
     with pytest.raises(ConfigError) as err:

@@ -203,6 +203,11 @@ def test_options_are_well_formed_and_uninformative(cls) -> None:
     for p in problems:
         options = list(p.data["options"])
         assert len(set(options)) == 4
+        # format 2: an option's label is fixed by its value (kb: entity group a-e/f-j/k-o/p-t;
+        # rules: residue mod 4), so the letter is a function of the answer, not of an ordering
+        for o, label in zip(options, "ABCD"):
+            group = "abcdefghijklmnopqrst".index(o) // 5 if cls is KBTask else int(o) % 4
+            assert "ABCD"[group] == label
         if cls is RulesTask:
             # every option keeps the input's equal-digit pattern, like the true answer
             value = p.data["input"]

@@ -103,3 +103,19 @@ def test_model_keys_are_plain_data_and_stable_across_processes():
             for _ in range(2)]
     assert runs[0] == runs[1]
     assert "kb-mc" in runs[0] and "bound method" not in runs[0]
+
+
+def test_per_task_teacher_steps_change_only_that_teachers_schedule_and_key(repo_root):
+    from kdlab.config import load_profile
+    from kdlab.teachers import _model_key, teacher_mixture, teacher_schedule
+
+    base = load_profile(repo_root / "params" / "paper.yaml")
+    over = load_profile(repo_root / "params" / "paper.yaml", {"teacher_pretrain.task_steps": {"kb-mc": 123}})
+    assert teacher_schedule(over, "kb-mc").steps == 123
+    for t in ("countdown-3", "rules-mc"):
+        assert teacher_schedule(over, t) == teacher_schedule(base, t)
+
+    def key(p, t):
+        return _model_key("teacher-" + t, p.teacher, teacher_schedule(p, t), teacher_mixture(p, t), p.trace)
+    assert key(over, "countdown-3") == key(base, "countdown-3")
+    assert key(over, "kb-mc") != key(base, "kb-mc") and key(over, "kb-mc")["pretrain"]["steps"] == 123

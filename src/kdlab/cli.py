@@ -43,6 +43,10 @@ def cmd_teachers(args) -> int:
     else:
         paths = model_paths(profile, _outputs_root(args) / "models")
     rows = model_table(profile, paths)
+    if args.capacity:
+        from .teachers import capacity_paths
+        cap = capacity_paths(profile, _outputs_root(args) / "models")
+        rows += model_table(profile, cap, label="capacity check (student preset, teacher recipe)")
     out = _outputs_root(args) / profile.name
     out.mkdir(parents=True, exist_ok=True)
     (out / "models.json").write_text(json.dumps(rows, indent=2))
@@ -91,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("params")
     p.add_argument("--rebuild", action="store_true",
                    help="train from scratch (ignoring shipped checkpoints) into outputs/models-rebuild and compare hashes")
+    p.add_argument("--capacity", action="store_true",
+                   help="also train the student preset with each teacher's recipe (the capacity check) and add it to the table")
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter (dotted key)")
     p.set_defaults(fn=cmd_teachers)
 

@@ -67,6 +67,8 @@ class PretrainSpec:
     probe_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each probe skill")
     task_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each target task")
     seed: int = _f(0, lo=0)
+    task_steps: dict[str, int] = _f(factory=dict, doc="teacher_pretrain only: steps for the teacher of a "
+                                    "given target task, overriding steps (e.g. {kb-mc: 2000})")
 
 
 @dataclass
@@ -319,6 +321,13 @@ def validate_profile(p: Profile) -> Profile:
         valid = names
     else:
         valid = list(TARGET_TASKS)
+    if p.student_pretrain.task_steps:
+        raise ConfigError(f"student_pretrain.task_steps: only teachers have per-task schedules; got {p.student_pretrain.task_steps}")
+    for t, n in p.teacher_pretrain.task_steps.items():
+        if t not in TARGET_TASKS:
+            raise ConfigError(f"teacher_pretrain.task_steps: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"teacher_pretrain.task_steps.{t}: {n!r} must be an integer >= 1")
     for t in p.grid.tasks + p.grid.lambda_tasks + p.eval.harder:
         if t not in valid:
             raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {valid}")

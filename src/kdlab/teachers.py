@@ -17,7 +17,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +63,16 @@ def _describe(mix: list[tuple[Task, float]]) -> list[list[Any]]:
 
 
 def _model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) -> dict[str, Any]:
-    return {"role": role, "model": asdict(spec), "pretrain": asdict(pre), "mixture": _describe(mix),
+    schedule = asdict(pre)
+    schedule.pop("task_steps")  # resolved into ``steps`` by ``teacher_schedule``
+    return {"role": role, "model": asdict(spec), "pretrain": schedule, "mixture": _describe(mix),
             "trace": trace, "regime_version": REGIME_VERSION}
+
+
+def teacher_schedule(profile: Profile, task: str) -> PretrainSpec:
+    """The teacher of ``task``'s schedule: ``teacher_pretrain`` with its per-task steps applied."""
+    tp = profile.teacher_pretrain
+    return replace(tp, steps=tp.task_steps.get(task, tp.steps), task_steps={})
 
 
 def base_tasks(profile: Profile) -> list[str]:
@@ -159,7 +167,7 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     out: dict[str, Path] = {}
     jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, tasks))]
     for t in base_tasks(profile):
-        jobs.append((f"teacher-{t}", profile.teacher, profile.teacher_pretrain, teacher_mixture(profile, t)))
+        jobs.append((f"teacher-{t}", profile.teacher, teacher_schedule(profile, t), teacher_mixture(profile, t)))
     for role, spec, pre, mix in jobs:
         key = _model_key(role, spec, pre, mix, profile.trace)
         path = store.path(role, key)
@@ -169,8 +177,28 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     return out
 
 
-def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = None) -> list[dict[str, Any]]:
-    """Rows: model, task, held-out accuracy (greedy pass@1, test split), mean probe score."""
+def capacity_paths(profile: Profile, root: str | Path, progress: bool = True) -> dict[str, Path]:
+    """The capacity check, {task: checkpoint dir}: the *student's* architecture trained with each
+    teacher's recipe (the teacher's schedule and mixture: the probes plus that target task).
+
+    If this model reaches the teacher's accuracy while keeping its probe skills, the student
+    preset has the headroom to learn the task from a teacher without losing what it knows, and
+    a weak distilled student is a finding about distillation, not about a full model. Cached
+    like the other models (role ``capacity-<task>``)."""
+    store = ModelStore(root, shipped_dir=SHIPPED_DIR)
+    out: dict[str, Path] = {}
+    for t in base_tasks(profile):
+        role, mix = f"capacity-{t}", teacher_mixture(profile, t)
+        pre = teacher_schedule(profile, t)
+        key = _model_key(role, profile.student, pre, mix, profile.trace)
+        out[t] = store.get_or_train(role, key, profile.student, pre, mix, progress=progress)
+    return out
+
+
+def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = None,
+                label: str = "teacher") -> list[dict[str, Any]]:
+    """Rows: model, task, held-out accuracy (greedy pass@1, test split), mean probe score.
+    ``paths`` as ``model_paths`` returns; every role but "student" is named ``label``."""
     n_test = n_test or profile.eval.n_test
     probes = probe_tasks()
     probe_sets = {p.name: held_out(p, profile.eval.n_probe, seed=profile.data_seed) for p in probes}
@@ -182,7 +210,7 @@ def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = N
         for t in tasks:
             task = get_task(t, trace=profile.trace)
             acc = accuracy(model, task, held_out(task, n_test, seed=profile.data_seed))
-            rows.append({"model": "student base" if role == "student" else "teacher", "task": t,
+            rows.append({"model": "student base" if role == "student" else label, "task": t,
                          "accuracy": acc, "probe_mean": sum(probe_scores.values()) / len(probe_scores),
                          **probe_scores, "n_params": n_params(model), "path": str(path),
                          "train_s": checkpoint_meta(path).get("train_s")})

@@ -9,17 +9,20 @@ World
 
 Question
     A start entity, a relation path of 2 to 4 hops, and four candidate end entities, each printed
-    with its label A-D. Prompt ``kq123?fAmBqCzD:`` reads: from ``q`` follow relation 1, then 2,
-    then 3; is the end ``f`` (A), ``m`` (B), ``q`` (C) or ``z`` (D)? The reference completion
-    ``q1x2m3z#zD`` names every hop (so every fact used is visible to a student that is distilled
+    with its label A-D. Prompt ``kq123?bAgBmCrD:`` reads: from ``q`` follow relation 1, then 2,
+    then 3; is the end ``b`` (A), ``g`` (B), ``m`` (C) or ``r`` (D)? The reference completion
+    ``q1x2m3r#rD`` names every hop (so every fact used is visible to a student that is distilled
     on teacher traces), then the final answer: the end entity and its letter. The score checks
     the letter: the final answer is ``<letter>`` or ``<entity><letter>``.
 
-    Why each option is printed beside its label (format version 2): with the bare list
-    ``?fmqz:`` tiny teachers learned every hop of the trace (100% of traces right after 300
-    steps) but stayed at chance on the letter, which needs the *position* of the end entity in the
-    list. Printed as ``zD`` and restated after ``#``, the letter is the token that followed the
-    same entity in the prompt: an induction (copy) step that small transformers learn easily.
+    Labels follow the entity's group (format version 2): A is always one of ``a-e``, B one of
+    ``f-j``, C one of ``k-o``, D one of ``p-t``, so the options are the answer plus one
+    distractor from each other group. Why: with options in a random order, tiny teachers learned
+    every hop of the trace (100% of traces right after 300 steps) but stayed at chance on the
+    letter for 600-2,000 steps, because the letter needed the end entity's *position* in the list
+    (or an induction step when options were printed beside their labels), a skill that says
+    nothing about knowledge. With group labels the letter is a fixed function of the end entity,
+    and the task measures what it is meant to: whether the model knows the facts.
 
 Splits
     The key is start + path (``q123``): 20 * (3**2 + 3**3 + 3**4) = 2,340 distinct questions,
@@ -28,18 +31,15 @@ Splits
     keys). The key does not depend on ``world_seed``, so every world has the same splits.
 
 Chance level and why the student base is weak
-    The options are the answer plus three distinct distractors drawn uniformly from the other
-    entities, in a uniformly shuffled order (both seeded from the world and the key). Relations
-    are permutations, so every end entity is a priori equally likely, and nothing in the format
-    points at the answer: without this world's facts the expected accuracy is 25%. The student
-    base is pretrained on the same format with another ``world_seed``: it knows how to follow a
-    path and pick a letter, but its chain ends at the wrong entity (right by accident with
-    probability 1/20), which is usually not among the options, so it guesses: about 25%.
-    A teacher trained on this world's traces can approach 100%.
+    The answer's group is uniform (relations are permutations) and each group holds exactly one
+    option, so nothing in the format points at the answer: without this world's facts the
+    expected accuracy is 25%. The student base is pretrained on the same format with another
+    ``world_seed``: it knows how to follow a path and label an entity, but its chain ends at an
+    entity of this world's answer group about one time in four: about 25%. A teacher trained on
+    this world's traces can approach 100%.
 """
 from __future__ import annotations
 
-import hashlib
 import random
 from functools import cache
 from itertools import product
@@ -52,6 +52,7 @@ ENTITIES = "abcdefghijklmnopqrst"
 RELATIONS = "123"
 HOPS = (2, 3, 4)
 LETTERS = "ABCD"
+GROUP_SIZE = len(ENTITIES) // len(LETTERS)  # a-e -> A, f-j -> B, k-o -> C, p-t -> D
 N_ENTITIES = len(ENTITIES)
 
 
@@ -67,6 +68,17 @@ def _keys_by_split() -> dict[str, tuple[str, ...]]:
     return {s: tuple(keys) for s, keys in groups.items()}
 
 
+def label_of(entity: str) -> str:
+    """The letter of an entity's group: a-e -> A, f-j -> B, k-o -> C, p-t -> D."""
+    return LETTERS[ENTITIES.index(entity) // GROUP_SIZE]
+
+
+def group_of(label: str) -> str:
+    """The entities labelled ``label``."""
+    i = LETTERS.index(label)
+    return ENTITIES[i * GROUP_SIZE:(i + 1) * GROUP_SIZE]
+
+
 def _check_int(value: object, name: str, minimum: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{name} must be an int, got {value!r}")
@@ -80,7 +92,7 @@ class KBTask(Task):
 
     name = "kb-mc"
     tag = "k"
-    format_version = 2  # options printed with their labels; final answer "<entity><letter>"
+    format_version = 2  # options labelled by entity group; final answer "<entity><letter>"
     # trace: start + (relation, entity) per hop; then "#", the end entity and its letter
     max_new_tokens = 1 + 2 * max(HOPS) + 3
 
@@ -116,15 +128,14 @@ class KBTask(Task):
 
     # ----- problems --------------------------------------------------------------------------
     def problem_for_key(self, key: str) -> Problem:
-        """The problem of ``key`` = start + path (options and their order seeded by world+key)."""
+        """The problem of ``key`` = start + path (distractors seeded by world + key)."""
         if len(key) < 1 + min(HOPS) or len(key) > 1 + max(HOPS):
             raise ValueError(f"key must be a start entity and a {HOPS} hop path, got {key!r}")
         start, path = key[0], key[1:]
         answer = self.chain(start, path)[-1]
         rng = random.Random(f"kb-options:{self.world_seed}:{key}")
-        options = rng.sample([e for e in ENTITIES if e != answer], 3) + [answer]
-        rng.shuffle(options)
-        letter = LETTERS[options.index(answer)]
+        letter = label_of(answer)
+        options = [answer if label == letter else rng.choice(group_of(label)) for label in LETTERS]
         listing = "".join(o + label for o, label in zip(options, LETTERS))
         prompt = f"{self.tag}{start}{path}?{listing}{PROMPT_END}"
         data = {"world_seed": self.world_seed, "start": start, "path": path,
@@ -155,7 +166,8 @@ class KBTask(Task):
         head, _, listing = body.partition("?")
         options = listing[0::2]
         ok = (prompt[:1] == KBTask.tag and prompt.endswith(PROMPT_END) and len(listing) == 8
-              and listing[1::2] == LETTERS
+              and listing[1::2] == LETTERS and all(o in ENTITIES and label_of(o) == label
+                                                   for o, label in zip(options, LETTERS))
               and len(head) - 1 in HOPS and head[:1] in ENTITIES
               and all(r in RELATIONS for r in head[1:]) and all(o in ENTITIES for o in options))
         if not ok:
@@ -163,20 +175,12 @@ class KBTask(Task):
         return head[0], head[1:], options
 
     def solve(self, prompt: str) -> str:
-        """The completion this world's facts give for ``prompt`` (possibly another world's).
-
-        When the chain ends at an entity that is not among the options (a question from another
-        world), the letter is a guess fixed by a hash of (world_seed, prompt): that is how a model
-        that knows only this world fares on foreign questions, about 25% right.
-        """
-        start, path, options = self.parse_prompt(prompt)
+        """The completion this world's facts give for ``prompt`` (possibly another world's):
+        the trace, then the end entity and its group's letter (right about one time in four on
+        another world's questions)."""
+        start, path, _ = self.parse_prompt(prompt)
         end = self.chain(start, path)[-1]
-        if end in options:
-            letter = LETTERS[options.index(end)]
-        else:
-            digest = hashlib.sha256(f"kb-guess:{self.world_seed}:{prompt}".encode()).digest()
-            letter = LETTERS[digest[0] % len(LETTERS)]
-        return self.trace(start, path) + ANSWER_MARK + end + letter
+        return self.trace(start, path) + ANSWER_MARK + end + label_of(end)
 
     def reference(self, problem: Problem, rng: random.Random) -> str:
         """Trace + "#" + end entity + letter under this world (``rng`` unused: deterministic)."""

@@ -9,14 +9,18 @@ World
 
 Question
     A two-digit input, a sequence of 2 or 3 rules, and four candidate results, each printed with
-    its label A-D. Prompt ``r45stu?12A,45B,33C,01D:`` reads: apply s, then t, then u to 45; which
-    result is right? The reference completion ``45s71t09u33#33C`` writes the value after each
+    its label A-D. Prompt ``r45stu?12A,45B,33C,07D:`` reads: apply s, then t, then u to 45; which
+    result is right? The reference completion ``45s71t09u45#45B`` writes the value after each
     rule (so every fact used is visible to a student distilled on teacher traces), then the final
     answer: the result and its letter. The score checks the letter: the final answer is
-    ``<letter>`` or ``<two digits><letter>``. Options are printed beside their labels (format
-    version 2) for the reason given in ``kdlab.tasks.kb``: the letter becomes a copy of the token
-    that followed the same value in the prompt, which tiny models learn, instead of the value's
-    position in a bare list, which they did not.
+    ``<letter>`` or ``<two digits><letter>``.
+
+    Labels follow the value's residue mod 4 (format version 2): A = 0, B = 1, C = 2, D = 3, so
+    the options are the answer plus one distractor of each other residue. Why: see
+    ``kdlab.tasks.kb`` - with options in a random order tiny teachers stayed at chance on the
+    letter long after their traces were right; with residue labels the letter is a fixed
+    function of the result (a 100-entry table), and the task measures whether the model knows
+    the rules.
 
 Splits
     The key is input + rules (``45stu``): 100 * (8**2 + 8**3) = 57,600 distinct questions, split
@@ -25,14 +29,13 @@ Splits
     depend on ``world_seed``, so every world has the same splits.
 
 Chance level and why the student base is weak
-    Each distractor is the input pushed through a uniformly random digit permutation (distinct
-    from the answer and the other options), and the options are shuffled uniformly. The answer
-    is the input pushed through the composed rules, which is also a digit permutation, so
-    options and answer share every world-free property (equal digits stay equal, distinct ones
-    stay distinct) and nothing in the format points at the answer: without this world's rules
-    the expected accuracy is 25%. The student base is pretrained on the same format with another
-    ``world_seed``: it applies its own rules, reaches a result that is usually not among the
-    options, and guesses: about 25%. A teacher trained on this world's traces can approach 100%.
+    Each distractor is the input pushed through a random digit permutation, chosen among those
+    of the residue it stands for; the answer is the input pushed through the composed rules, also
+    a digit permutation, so options and answer share every world-free property (equal digits stay
+    equal, distinct ones stay distinct) and the answer's residue is close to uniform: without this
+    world's rules the expected accuracy is about 25%. The student base is pretrained on the same
+    format with another ``world_seed``: it applies its own rules and labels its own result, which
+    falls in the answer's residue about one time in four.
 """
 from __future__ import annotations
 
@@ -67,6 +70,24 @@ def _keys_by_split() -> dict[str, tuple[str, ...]]:
     return {s: tuple(keys) for s, keys in groups.items()}
 
 
+def label_of(value: str) -> str:
+    """The letter of a value's residue mod 4: 0 -> A, 1 -> B, 2 -> C, 3 -> D."""
+    return LETTERS[int(value) % len(LETTERS)]
+
+
+def _pattern(value: str) -> tuple[int, ...]:
+    """Which digits of ``value`` are equal: (0, 1) for 45, (0, 0) for 44."""
+    return tuple(value.index(d) for d in value)
+
+
+@cache
+def _images(value: str) -> tuple[str, ...]:
+    """Every image of ``value`` under some digit permutation: the digit strings of its length
+    with the same equal-digit pattern."""
+    return tuple(w for w in ("".join(t) for t in product(DIGITS, repeat=len(value)))
+                 if _pattern(w) == _pattern(value))
+
+
 def _check_int(value: object, name: str, minimum: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{name} must be an int, got {value!r}")
@@ -85,7 +106,7 @@ class RulesTask(Task):
 
     name = "rules-mc"
     tag = "r"
-    format_version = 2  # options printed with their labels; final answer "<value><letter>"
+    format_version = 2  # options labelled by residue mod 4; final answer "<value><letter>"
     # trace: input, then (rule, value) per step; then "#", the result and its letter
     max_new_tokens = INPUT_LEN + (1 + INPUT_LEN) * max(STEPS) + 2 + INPUT_LEN
 
@@ -124,21 +145,15 @@ class RulesTask(Task):
 
     # ----- problems --------------------------------------------------------------------------
     def problem_for_key(self, key: str) -> Problem:
-        """The problem of ``key`` = input + rules (distractors and order seeded by world+key)."""
+        """The problem of ``key`` = input + rules (distractors seeded by world + key)."""
         value, rules = key[:INPUT_LEN], key[INPUT_LEN:]
         if len(rules) not in STEPS:
             raise ValueError(f"key must be {INPUT_LEN} digits and {STEPS} rules, got {key!r}")
         answer = self.values(value, rules)[-1]
         rng = random.Random(f"rules-options:{self.world_seed}:{key}")
-        options = [answer]
-        while len(options) < 4:
-            perm = list(DIGITS)
-            rng.shuffle(perm)
-            candidate = _substitute(value, "".join(perm))
-            if candidate not in options:
-                options.append(candidate)
-        rng.shuffle(options)
-        letter = LETTERS[options.index(answer)]
+        letter = label_of(answer)
+        options = [answer if label == letter else rng.choice([v for v in _images(value) if label_of(v) == label])
+                   for label in LETTERS]
         listing = OPTION_SEP.join(o + label for o, label in zip(options, LETTERS))
         prompt = f"{self.tag}{value}{rules}?{listing}{PROMPT_END}"
         data = {"world_seed": self.world_seed, "input": value, "rules": rules,
@@ -174,26 +189,19 @@ class RulesTask(Task):
               and len(value) == INPUT_LEN and all(d in DIGITS for d in value)
               and len(rules) in STEPS and all(r in RULES for r in rules)
               and len(labelled) == 4 and "".join(o[-1:] for o in labelled) == LETTERS
+              and all(len(o) == INPUT_LEN and o.isdigit() and label_of(o) == label for o, label in zip(options, LETTERS))
               and all(len(o) == INPUT_LEN and all(d in DIGITS for d in o) for o in options))
         if not ok:
             raise ValueError(f"prompt is not a {RulesTask.name} prompt: {prompt!r}")
         return value, rules, options
 
     def solve(self, prompt: str) -> str:
-        """The completion this world's rules give for ``prompt`` (possibly another world's).
-
-        When the result is not among the options (a question from another world), the letter is
-        a guess fixed by a hash of (world_seed, prompt): that is how a model that knows only this
-        world fares on foreign questions, about 25% right.
-        """
-        value, rules, options = self.parse_prompt(prompt)
+        """The completion this world's rules give for ``prompt`` (possibly another world's): the
+        steps, then the result and its residue's letter (right about one time in four on another
+        world's questions)."""
+        value, rules, _ = self.parse_prompt(prompt)
         result = self.values(value, rules)[-1]
-        if result in options:
-            letter = LETTERS[options.index(result)]
-        else:
-            digest = hashlib.sha256(f"rules-guess:{self.world_seed}:{prompt}".encode()).digest()
-            letter = LETTERS[digest[0] % len(LETTERS)]
-        return self.trace(value, rules) + ANSWER_MARK + result + letter
+        return self.trace(value, rules) + ANSWER_MARK + result + label_of(result)
 
     def reference(self, problem: Problem, rng: random.Random) -> str:
         """Trace + "#" + result + letter under this world (``rng`` unused: deterministic)."""

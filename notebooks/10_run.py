@@ -24,7 +24,7 @@ lam = None  # lambda of the rollout policy (policy "lambda"); off = -1, on = +1
 kl = "forward"  # forward | reverse | jsd | k1 | k2 | k3
 lr = 1e-4
 seed = 0
-out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id>
+out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id> (style runs: outputs/<study>/style/<run_id>)
 threads = 0  # torch threads (0: leave torch's default)
 recorded = False  # True: show the run's existing metrics.json instead of running it again (the study
 # runner sets it when a run finished but its notebook was interrupted before its last cell)
@@ -49,7 +49,7 @@ if threads:
 sns.set_theme(style="whitegrid")
 profile = load_profile(params, overrides)
 cfg = run_config_from(profile, task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed)
-run_dir = Path(out_dir) if out_dir else Path(outputs).resolve() / profile.name / "runs" / cfg.run_id
+run_dir = Path(out_dir) if out_dir else Path(outputs).resolve() / profile.name / ("style" if style else "runs") / cfg.run_id
 print(f"run {cfg.run_id} -> {run_dir}")
 
 # %%

@@ -22,7 +22,7 @@
 study_dir = "../outputs/quick"  # folder holding results.parquet
 out_dir = ""  # default: <study_dir>/analysis/90_coverage
 k = 10  # the k compared at equal pass@1 (the largest recorded k when this one is not)
-lam_above = 0.0  # compare the runs with lambda > lam_above (finding 9: lambda > 0); None = all runs
+lam_above = 0.0  # compare the runs with a lambda above this (finding 9: 0); None for all runs
 
 # %%
 from IPython.display import Image, Markdown, display
@@ -74,7 +74,7 @@ else:
 # rates, then one per rate.
 
 # %%
-gaps = cov.equal_pass1_table(df, k=k, lam_above=lam_above)
+gaps = cov.equal_pass1_table(df, k=k, lam_above=lam_above) if k > 1 else []
 if len(gaps):
     gaps.to_csv(OUT / "equal_pass1.csv", index=False)
     display(gaps.round(3))

@@ -43,6 +43,11 @@ else:
                      "(mean over seeds): held-out accuracy before, at the end and at best, the reward and the response "
                      "length at the end (last tenth of the steps), collapses."))
     display(table)
+    if (summary["no_signal_share"] >= 1).all():
+        display(Markdown(f"**No learning signal**: in every group of every step all responses got the same reward "
+                         f"(mean reward {100 * history['reward_mean'].mean():.1f} points), so every GRPO advantage "
+                         f"was 0 and the starts did not move. The models cannot (yet) solve {summary['task'].iloc[0]}; "
+                         "GRPO needs starts that solve some of its problems."))
     png = figure_png(plot_rlvr_curves(history, smooth=smooth))
     (OUT / "curves.png").write_bytes(png)
     display(Image(data=png))

@@ -321,3 +321,50 @@ def test_new_notebooks_are_paired_parameterized_and_stored_without_outputs(name)
     assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1
     paired = jupytext.read(folder / f"{name}.py")
     assert [(c.cell_type, c.source) for c in paired.cells] == [(c.cell_type, c.source) for c in nb.cells]
+
+
+# --------------------------------------------------------------------------------- follow-up tables
+
+
+def test_robustness_rows_put_sampled_estimators_beside_their_direction(tmp_path):
+    from kdlab.analysis.robustness import comparison_rows, robustness_table
+
+    def table(rows, folder):
+        folder.mkdir()
+        pd.DataFrame(rows).to_parquet(folder / "results.parquet")
+
+    base = {"task": "countdown-3", "lr": 1e-4, "grad_clip": 1.0, "collapsed": False}
+    table([{**base, "policy": p, "kl": k, "seed": s, "accuracy": acc + s / 100}
+           for p, k, acc in (("off", "forward", 0.5), ("on", "reverse", 0.3)) for s in (0, 1)], tmp_path / "main")
+    table([{**base, "policy": "off", "kl": "k3", "sampled_direction": "forward", "seed": 0, "accuracy": 0.4}],
+          tmp_path / "main-sf")
+    (tmp_path / "main" / "companions.json").write_text(json.dumps(
+        [{"suffix": "sf", "name": "main-sf", "study_dir": str(tmp_path / "main-sf"), "overrides": {}},
+         {"suffix": "missing", "name": "main-missing", "study_dir": str(tmp_path / "nowhere"), "overrides": {}}]))
+    rows = comparison_rows(tmp_path / "main")
+    t = robustness_table(rows, "accuracy")
+    assert list(t.columns) == ["main", "sf"]  # a companion without results is left out
+    assert t.loc[("forward", "off", 1e-4), "main"] == pytest.approx(50.5)  # mean over the two seeds, points
+    assert t.loc[("forward", "off", 1e-4), "sf"] == pytest.approx(40.0)  # k3 targeting forward KL
+    assert math.isnan(t.loc[("reverse", "on", 1e-4), "sf"])
+
+
+def test_rlvr_table_summarises_starts_and_flags_missing_signal(tmp_path):
+    from kdlab.analysis.followups import load_rlvr, rlvr_table
+
+    for job, policy, lr, rewards in (("base_s0", "base", None, [0.0, 0.0]), ("x_s0", "off", 1e-4, [0.25, 0.75])):
+        run = tmp_path / "rlvr" / job
+        run.mkdir(parents=True)
+        history = [{"step": i, "reward_mean": r, "length": 10.0 + i, "accuracy": None if i == 0 else r,
+                    "zero_adv_groups": 1.0 if r == 0 else 0.5} for i, r in enumerate(rewards)]
+        (run / "history.json").write_text(json.dumps(history))
+        (run / "metrics.json").write_text(json.dumps({
+            "task": "countdown-4", "seed": 0, "steps_done": 2, "start_policy": policy, "start_kl": "forward",
+            "start_lr": lr, "initial_accuracy": 0.1, "final_accuracy": rewards[-1], "best_accuracy": rewards[-1],
+            "final_reward": rewards[-1], "final_length": 11.0, "collapsed": False, "collapse_step": None}))
+    summary, history = load_rlvr(tmp_path)
+    assert len(history) == 4 and set(history["label"]) == {"base", "off / forward / lr 0.0001"}
+    t = rlvr_table(summary)
+    assert t.loc["base", "no-signal groups"] == 100.0 and t.loc["off / forward / lr 0.0001", "no-signal groups"] == 50.0
+    assert t.loc["off / forward / lr 0.0001", "gain"] == pytest.approx(65.0)  # 75 - 10 points
+    assert list(t.index) == ["off / forward / lr 0.0001", "base"]  # best final accuracy first

@@ -1,8 +1,9 @@
 """The style teacher of a study's incidental-style-transfer runs (``style:`` in a profile).
 
-A teacher of the profile's teacher size and recipe (``teacher`` / ``teacher_pretrain``), trained on
-the probe skills and on ``kdlab.style.style_teacher_tasks``: plain countdown traces for the
-student's (uninstructed) prompts and alt-notation traces for instructed prompts. It is stored in
+A teacher of the profile's teacher size and recipe (``teacher``, and the schedule of the teacher
+of ``style.task``: ``kdlab.teachers.teacher_schedule``), trained on the probe skills and on
+``kdlab.style.style_teacher_tasks``: plain countdown traces for the student's (uninstructed)
+prompts and alt-notation traces for instructed prompts. It is stored in
 the same content-addressed model store as the other models (``<models>/teacher-style-<task>-<hash>/``,
 the hash covering the spec, the recipe and the mixture), so a study builds it once and reuses it.
 """
@@ -17,7 +18,7 @@ from .models import checkpoint_meta, load_checkpoint, n_params
 from .style import StyledCountdownTask, student_prompt, style_report, style_teacher_tasks, teacher_prompt
 from .tasks import probe_tasks
 from .tasks.base import Task, held_out
-from .teachers import ModelStore, _model_key
+from .teachers import ModelStore, _model_key, teacher_schedule
 
 
 def style_teacher_mixture(profile: Profile) -> list[tuple[Task, float]]:
@@ -38,12 +39,13 @@ def style_teacher_path(profile: Profile, root: str | Path, progress: bool = True
     missing (``train=False`` raises FileNotFoundError instead)."""
     role = style_teacher_role(profile)
     mix = style_teacher_mixture(profile)
-    key = _model_key(role, profile.teacher, profile.teacher_pretrain, mix, profile.trace)
+    schedule = teacher_schedule(profile, profile.style.task)  # the schedule of that task's teacher
+    key = _model_key(role, profile.teacher, schedule, mix, profile.trace)
     store = ModelStore(root)
     path = store.path(role, key)
     if not (path / "config.json").exists() and not train:
         raise FileNotFoundError(f"model {role} for profile {profile.name!r} is not built at {path}; run `kdlab study`")
-    return store.get_or_train(role, key, profile.teacher, profile.teacher_pretrain, mix, progress=progress)
+    return store.get_or_train(role, key, profile.teacher, schedule, mix, progress=progress)
 
 
 def style_teacher_row(profile: Profile, path: Path) -> dict[str, Any]:

@@ -79,7 +79,7 @@ def plot_pass_curves(df: pd.DataFrame, prefix: str = "", task: str | None = None
     lams = sorted(curves["lam"].unique())
     cmap = colormaps["coolwarm"]
     span = (min(lams), max(lams)) if len(lams) > 1 else (lams[0] - 1, lams[0] + 1)
-    fig = Figure(figsize=(3.3 * len(panels), 3.0), dpi=dpi, layout="constrained")
+    fig = Figure(figsize=(max(6.0, 3.3 * len(panels)), 3.0), dpi=dpi, layout="constrained")
     axes = np.atleast_1d(fig.subplots(1, len(panels), squeeze=False, sharey=True)[0])
     for ax, (kl, lr) in zip(axes, panels):
         for lam in lams:

@@ -45,16 +45,18 @@ def load_rlvr(study_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(summary, history) of a study's RLVR runs.
 
     summary: one row per completed run (its metrics.json scalars) plus ``label``
-    (``start_label``). history: one row per GRPO step of every run, with ``job`` (the run's
+    (``start_label``) and ``no_signal_share`` (mean over steps of the share of groups whose
+    rewards are all equal: no GRPO gradient). history: one row per GRPO step of every run, with ``job`` (the run's
     folder), ``label``, ``seed`` and the step's fields. Both empty when the study has none."""
     rows, hist = [], []
     for folder, m in _rows(resolve_path(study_dir) / "rlvr"):
         label = start_label(m.get("start_policy", "base"), m.get("start_kl", ""), m.get("start_lr"))
-        rows.append({"job": folder.name, "label": label, **{k: v for k, v in m.items() if not isinstance(v, (list, dict))}})
+        row = {"job": folder.name, "label": label, **{k: v for k, v in m.items() if not isinstance(v, (list, dict))}}
         path = folder / "history.json"
-        if path.exists():
-            for h in json.loads(path.read_text()):
-                hist.append({"job": folder.name, "label": label, "seed": m.get("seed"), **h})
+        steps = json.loads(path.read_text()) if path.exists() else []
+        hist += [{"job": folder.name, "label": label, "seed": m.get("seed"), **h} for h in steps]
+        row["no_signal_share"] = float(np.mean([h["zero_adv_groups"] for h in steps])) if steps else np.nan
+        rows.append(row)
     summary, history = pd.DataFrame(rows), pd.DataFrame(hist)
     if not history.empty:
         history["accuracy"] = pd.to_numeric(history["accuracy"], errors="coerce")
@@ -63,7 +65,8 @@ def load_rlvr(study_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def rlvr_table(summary: pd.DataFrame) -> pd.DataFrame:
     """Per start (over seeds): accuracy before, at the end and at best (points), the end reward
-    (points) and response length (tokens), how many runs collapsed and at which steps."""
+    (points) and response length (tokens), the share of groups without a learning signal (all
+    rewards equal, so every advantage is 0; points), how many runs collapsed and at which steps."""
     if summary.empty:
         return pd.DataFrame()
     cols = {"initial_accuracy": "before", "final_accuracy": "final", "best_accuracy": "best", "final_reward": "final reward"}
@@ -72,6 +75,8 @@ def rlvr_table(summary: pd.DataFrame) -> pd.DataFrame:
     out["gain"] = out["final"] - out["before"]
     out["final length"] = g["final_length"].mean() if "final_length" in summary.columns else np.nan
     out["runs"] = g.size()
+    out["no-signal groups"] = 100 * summary["no_signal_share"].groupby(summary["label"], sort=False).mean() \
+        if "no_signal_share" in summary.columns else np.nan
     out["collapsed"] = g["collapsed"].sum().astype(int)
     out["collapse steps"] = g["collapse_step"].apply(lambda s: ", ".join(str(int(v)) for v in s.dropna()) or "-")
     return out.round(1).sort_values("final", ascending=False)

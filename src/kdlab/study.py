@@ -15,6 +15,13 @@ A study is one profile's whole grid. The runner
 4. collects ``results.parquet`` (``notebooks/20_grid.ipynb`` -> ``grid.ipynb``) and writes the
    report (``notebooks/30_report.ipynb`` -> ``report.ipynb`` -> ``report.html``, code hidden).
 
+Follow-ups (``kdlab.followups``) run as jobs with the same resume and failure rules: the style
+runs (``style.enabled``: ``notebooks/10_run.ipynb`` with the style teacher, into ``style/``) next
+to the grid, then the RLVR starts (``rlvr.enabled``: ``notebooks/11_rlvr.ipynb`` into ``rlvr/``)
+from the students the grid saved for them; their report sections are ``91_rlvr`` / ``92_style``.
+A profile's ``companions`` are run first as studies of their own (``<name>-<suffix>``, the main
+grid under the companion's overrides, no report) and shown in section ``93_robustness``.
+
 Notebooks are executed papermill-style (papermill parameterizes them and tracks cell state) but
 in warm kernels: each worker owns one Jupyter kernel for the whole study and runs notebook after
 notebook in it, resetting the user namespace in between, so only the first notebook per worker

@@ -35,6 +35,7 @@ import pandas as pd
 from IPython.display import Image, display
 
 from kdlab.analysis import findings, stats
+from kdlab.analysis.followups import findings_table
 from kdlab.analysis.table import load_results, main_grid, notebook_out_dir, resolve_path
 from kdlab.analysis.explore import figure_png
 
@@ -114,13 +115,15 @@ _ = (OUT / "mixed_model.json").write_text(json.dumps(mixed, indent=2, default=st
 # %% [markdown]
 # ## 5. Findings scoreboard
 # Each verdict is computed from the table by the test in the `test` column; "not run" says what
-# is missing.
+# is missing. Findings 11-13 also read the study's follow-ups (`kdlab.analysis.followups.findings_table`):
+# the RLVR final accuracy of each start, the style runs' adoption, and the companion studies'
+# sampled-estimator and no-clipping runs.
 
 # %%
 grad_path = resolve_path(gradients_csv) if gradients_csv else resolve_path(study_dir) / "analysis" / "50_gradients" / "bound.csv"
 grad_table = pd.read_csv(grad_path) if grad_path.exists() else None
 print("gradient table:", grad_path if grad_table is not None else "none")
-board = findings.scoreboard(df, grad_table)
+board = findings.scoreboard(findings_table(study_dir, df), grad_table)  # + RLVR, style and companion runs
 board.to_csv(OUT / "scoreboard.csv", index=False)
 (OUT / "scoreboard.json").write_text(json.dumps(board.to_dict(orient="records"), indent=2))
 print(board["verdict"].value_counts().to_string())

@@ -368,3 +368,51 @@ def test_rlvr_table_summarises_starts_and_flags_missing_signal(tmp_path):
     assert t.loc["base", "no-signal groups"] == 100.0 and t.loc["off / forward / lr 0.0001", "no-signal groups"] == 50.0
     assert t.loc["off / forward / lr 0.0001", "gain"] == pytest.approx(65.0)  # 75 - 10 points
     assert list(t.index) == ["off / forward / lr 0.0001", "base"]  # best final accuracy first
+
+
+def test_findings_table_feeds_the_follow_ups_to_the_scoreboard(tmp_path):
+    """Findings 11-13 read rlvr_accuracy, style_share and the robustness runs from the table that
+    findings_table builds out of the study's rlvr/, style/ and companion studies."""
+    from kdlab.analysis.findings import NOT_RUN, finding_11, finding_12, finding_13
+    from kdlab.analysis.followups import findings_table
+    from kdlab.analysis.synthetic import synthetic_results
+    from kdlab.analysis.table import main_grid, prepare_results
+
+    full = synthetic_results(robustness=True, lambdas=())
+    full["run_id"] = [f"r{i}" for i in range(len(full))]
+    grid = main_grid(full)
+    main, robust = full.loc[grid.index], full.drop(index=grid.index)
+    study = tmp_path / "study"
+    study.mkdir()
+    main.to_parquet(study / "results.parquet")
+    (tmp_path / "robust").mkdir()
+    robust.to_parquet(tmp_path / "robust" / "results.parquet")
+    (study / "companions.json").write_text(json.dumps(
+        [{"suffix": "robust", "name": "study-robust", "study_dir": str(tmp_path / "robust"), "overrides": {}}]))
+    low, high = sorted(main["lr"].unique())
+    final = {("off", "forward", low): 0.6, ("on", "reverse", low): 0.2, ("on", "forward", high): 0.4}
+    for (policy, kl, lr), acc in final.items():  # one RLVR start per configuration, two RLVR seeds
+        start = main[(main.policy == policy) & (main.kl == kl) & (main.lr == lr) & (main.seed == 0)].iloc[0]
+        for s, delta in ((0, -0.05), (1, 0.05)):
+            run = study / "rlvr" / f"{start.run_id}_s{s}"
+            run.mkdir(parents=True)
+            (run / "metrics.json").write_text(json.dumps({"start_run": start.run_id, "start_policy": policy,
+                                                          "start_kl": kl, "start_lr": lr, "final_accuracy": acc + delta}))
+    for policy, kl, share in (("off", "forward", 0.9), ("off", "reverse", 0.8), ("on", "forward", 0.95), ("on", "reverse", 0.1)):
+        row = main[(main.policy == policy) & (main.kl == kl) & (main.lr == low) & (main.seed == 0)].iloc[0]
+        (study / "style" / row.run_id).mkdir(parents=True)
+        (study / "style" / row.run_id / "metrics.json").write_text(json.dumps(
+            {"run_id": row.run_id, "policy": policy, "kl": kl, "lr": low, "style_adoption": share}))
+
+    table = findings_table(study, prepare_results(main))
+    assert len(table) == len(full) and set(table.loc[table.study == "robust", "run_id"]) == set(robust.run_id)
+    assert table["rlvr_accuracy"].notna().sum() == 3
+    assert table.loc[table.policy.eq("off") & table.kl.eq("forward") & table.rlvr_accuracy.notna(), "rlvr_accuracy"].item() \
+        == pytest.approx(0.6)  # mean over the two RLVR seeds
+    assert table["style_share"].notna().sum() == 4
+    f11, f12, f13 = finding_11(table), finding_12(table), finding_13(table)
+    assert f11.verdict != NOT_RUN and f11.values["off_forward_low"] == pytest.approx(0.6)
+    assert f12.verdict != NOT_RUN and f12.values["on_reverse"] == pytest.approx(0.1)
+    assert f13.verdict != NOT_RUN and "noclip" in f13.values and "sampled_spread" in f13.values
+    # without the follow-ups the scoreboard cannot test them
+    assert {finding_11(main).verdict, finding_12(main).verdict} == {NOT_RUN}

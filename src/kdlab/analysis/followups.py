@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .table import resolve_path
+from .robustness import load_companions
+from .table import load_results, main_grid, resolve_path
 
 RLVR_CURVES = ("reward_mean", "accuracy", "length")
 
@@ -127,3 +128,32 @@ def style_table(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame({name: 100 * g[c].mean() for c, name in cols.items() if c in df.columns})
     out["runs"] = g.size()
     return out.round(1)
+
+
+def findings_table(study_dir: str | Path, df: pd.DataFrame) -> pd.DataFrame:
+    """The results table ``df`` (prepared) with the follow-ups where the findings scoreboard
+    (``kdlab.analysis.findings``, findings 11-13) looks for them:
+
+    - ``rlvr_accuracy`` on the grid run each RLVR start came from: its final held-out accuracy
+      after GRPO (mean over RLVR seeds);
+    - ``style_share`` on the grid run whose run_id the style run shares (same task, policy, KL,
+      lr and seed, distilled from the style teacher instead): its ``style_adoption``;
+    - the runs of the companion studies that are not main-grid runs (sampled estimators, no
+      clipping; ``main_grid``), with ``study`` = the companion's suffix. Companion runs that look
+      like main-grid runs (e.g. another trace) stay out: they would mix into the main grid.
+    """
+    out = df.copy()
+    summary, _ = load_rlvr(study_dir)
+    if not summary.empty and "start_run" in summary.columns:
+        rl = summary.dropna(subset=["start_run"]).groupby("start_run")["final_accuracy"].mean()
+        out["rlvr_accuracy"] = out["run_id"].map(rl)
+    style = load_style(study_dir)
+    if not style.empty:
+        out["style_share"] = out["run_id"].map(style.set_index("run_id")["style_adoption"])
+    parts = [out]
+    for comp in load_companions(study_dir):
+        path = Path(comp["study_dir"]) / "results.parquet"
+        if path.exists():
+            c = load_results(path)
+            parts.append(c.drop(index=main_grid(c).index).assign(study=comp["suffix"]))
+    return pd.concat(parts, ignore_index=True)

@@ -48,6 +48,6 @@ else:
                          f"(mean reward {100 * history['reward_mean'].mean():.1f} points), so every GRPO advantage "
                          f"was 0 and the starts did not move. The models cannot (yet) solve {summary['task'].iloc[0]}; "
                          "GRPO needs starts that solve some of its problems."))
-    png = figure_png(plot_rlvr_curves(history, smooth=smooth))
+    png = figure_png(plot_rlvr_curves(history, smooth=smooth, summary=summary))
     (OUT / "curves.png").write_bytes(png)
     display(Image(data=png))

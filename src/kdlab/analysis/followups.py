@@ -83,10 +83,11 @@ def rlvr_table(summary: pd.DataFrame) -> pd.DataFrame:
     return out.round(1).sort_values("final", ascending=False)
 
 
-def plot_rlvr_curves(history: pd.DataFrame, smooth: int = 10, dpi: int = 90):
-    """Three panels against the GRPO step: training reward (moving average over ``smooth`` steps),
-    held-out accuracy (evaluation steps) and response length (tokens, moving average); one line
-    per start (mean over seeds). Returns a matplotlib Figure."""
+def plot_rlvr_curves(history: pd.DataFrame, smooth: int = 10, dpi: int = 90, summary: pd.DataFrame | None = None):
+    """Three panels against the number of GRPO updates done: training reward of the responses
+    sampled then (moving average over ``smooth`` steps), held-out accuracy (after each evaluated
+    step's update; with ``summary``, the start's accuracy at 0) and response length (tokens,
+    moving average); one line per start (mean over seeds). Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
 
     if history.empty:
@@ -99,13 +100,17 @@ def plot_rlvr_curves(history: pd.DataFrame, smooth: int = 10, dpi: int = 90):
         reward = h["reward_mean"].mean().rolling(max(1, smooth), min_periods=1).mean()
         length = h["length"].mean().rolling(max(1, smooth), min_periods=1).mean()
         acc = h["accuracy"].mean().dropna()
+        acc.index = acc.index + 1  # evaluated after the step's update: x = updates done
+        if summary is not None and "initial_accuracy" in summary.columns:
+            before = summary.loc[summary["label"] == label, "initial_accuracy"].mean()
+            acc = pd.concat([pd.Series([before], index=[0]), acc])
         style = "--" if label == "base" else "-"
         axes[0].plot(reward.index, reward.values, style, label=label)
         axes[1].plot(acc.index, acc.values, style, marker="o", ms=3, label=label)
         axes[2].plot(length.index, length.values, style, label=label)
     for ax, title in zip(axes, ["training reward (moving average)", "held-out accuracy", "response length (tokens)"]):
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel("GRPO updates done")
     axes[2].legend(fontsize=7, title="start", title_fontsize=7)
     return fig
 

@@ -34,11 +34,15 @@ OUT = notebook_out_dir(study_dir, "92_style", out_dir)
 runs = load_style(study_dir)
 teacher = [m for m in load_models(study_dir) if m.get("model") == "style teacher"]
 print(f"{len(runs)} style runs")
+def pct(x):
+    return "n/a (no output with a detectable style)" if x != x else f"{100 * x:.1f}%"
+
+
 if teacher:
     t = teacher[0]
-    display(Markdown(f"Style teacher: {100 * t['accuracy']:.1f}% accuracy on the student's prompts; alt notation in "
-                     f"{100 * t['plain_adoption']:.1f}% of its outputs without the instruction and "
-                     f"{100 * t['instructed_adoption']:.1f}% with it."))
+    display(Markdown(f"Style teacher: {pct(t['accuracy'])} accuracy on the student's prompts; alt notation in "
+                     f"{pct(t['plain_adoption'])} of its styled outputs without the instruction and "
+                     f"{pct(t['instructed_adoption'])} with it."))
 
 # %%
 if runs.empty:

@@ -89,11 +89,11 @@ def test_model_keys_are_plain_data_and_stable_across_processes():
     import subprocess
     import sys
 
-    code = ("import json; from kdlab.config import load_profile; from kdlab.teachers import _model_key, "
+    code = ("import json; from kdlab.config import load_profile; from kdlab.teachers import model_key, "
             "base_tasks, student_mixture, teacher_mixture\n"
             "p = load_profile('params/paper.yaml')\n"
-            "keys = [_model_key('student', p.student, p.student_pretrain, student_mixture(p, base_tasks(p)), p.trace)]\n"
-            "keys += [_model_key('teacher-' + t, p.teacher, p.teacher_pretrain, teacher_mixture(p, t), p.trace) "
+            "keys = [model_key('student', p.student, p.student_pretrain, student_mixture(p, base_tasks(p)), p.trace)]\n"
+            "keys += [model_key('teacher-' + t, p.teacher, p.teacher_pretrain, teacher_mixture(p, t), p.trace) "
             "for t in base_tasks(p)]\n"
             "print(json.dumps(keys, sort_keys=True))")
     from pathlib import Path
@@ -107,15 +107,16 @@ def test_model_keys_are_plain_data_and_stable_across_processes():
 
 def test_per_task_teacher_steps_change_only_that_teachers_schedule_and_key(repo_root):
     from kdlab.config import load_profile
-    from kdlab.teachers import _model_key, teacher_mixture, teacher_schedule
+    from kdlab.teachers import model_key, teacher_mixture, teacher_schedule
 
     base = load_profile(repo_root / "params" / "paper.yaml")
-    over = load_profile(repo_root / "params" / "paper.yaml", {"teacher_pretrain.task_steps": {"kb-mc": 123}})
+    steps = {**base.teacher_pretrain.task_steps, "kb-mc": 123}
+    over = load_profile(repo_root / "params" / "paper.yaml", {"teacher_pretrain.task_steps": steps})
     assert teacher_schedule(over, "kb-mc").steps == 123
     for t in ("countdown-3", "rules-mc"):
         assert teacher_schedule(over, t) == teacher_schedule(base, t)
 
     def key(p, t):
-        return _model_key("teacher-" + t, p.teacher, teacher_schedule(p, t), teacher_mixture(p, t), p.trace)
+        return model_key("teacher-" + t, p.teacher, teacher_schedule(p, t), teacher_mixture(p, t), p.trace)
     assert key(over, "countdown-3") == key(base, "countdown-3")
     assert key(over, "kb-mc") != key(base, "kb-mc") and key(over, "kb-mc")["pretrain"]["steps"] == 123

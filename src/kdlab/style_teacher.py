@@ -18,7 +18,7 @@ from .models import checkpoint_meta, load_checkpoint, n_params
 from .style import StyledCountdownTask, student_prompt, style_report, style_teacher_tasks, teacher_prompt
 from .tasks import probe_tasks
 from .tasks.base import Task, held_out
-from .teachers import ModelStore, _model_key, teacher_schedule
+from .teachers import ModelStore, model_key, teacher_schedule
 
 
 def style_teacher_mixture(profile: Profile) -> list[tuple[Task, float]]:
@@ -40,7 +40,7 @@ def style_teacher_path(profile: Profile, root: str | Path, progress: bool = True
     role = style_teacher_role(profile)
     mix = style_teacher_mixture(profile)
     schedule = teacher_schedule(profile, profile.style.task)  # the schedule of that task's teacher
-    key = _model_key(role, profile.teacher, schedule, mix, profile.trace)
+    key = model_key(role, profile.teacher, schedule, mix, profile.trace)
     store = ModelStore(root)
     path = store.path(role, key)
     if not (path / "config.json").exists() and not train:

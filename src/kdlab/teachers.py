@@ -62,7 +62,9 @@ def _describe(mix: list[tuple[Task, float]]) -> list[list[Any]]:
             + ([t.format_version] if getattr(t, "format_version", 1) != 1 else []) for t, w in mix]
 
 
-def _model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) -> dict[str, Any]:
+def model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) -> dict[str, Any]:
+    """Everything that determines a trained model's weights, as plain data: its hash names the
+    model's directory in the store (``ModelStore.path``)."""
     schedule = asdict(pre)
     schedule.pop("task_steps")  # resolved into ``steps`` by ``teacher_schedule``
     return {"role": role, "model": asdict(spec), "pretrain": schedule, "mixture": _describe(mix),
@@ -169,7 +171,7 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     for t in base_tasks(profile):
         jobs.append((f"teacher-{t}", profile.teacher, teacher_schedule(profile, t), teacher_mixture(profile, t)))
     for role, spec, pre, mix in jobs:
-        key = _model_key(role, spec, pre, mix, profile.trace)
+        key = model_key(role, spec, pre, mix, profile.trace)
         path = store.path(role, key)
         if not (path / "config.json").exists() and not train and not store.install_shipped(path.name, path):
             raise FileNotFoundError(f"model {role} for profile {profile.name!r} is not built at {path}; run `kdlab teachers`")
@@ -190,7 +192,7 @@ def capacity_paths(profile: Profile, root: str | Path, progress: bool = True) ->
     for t in base_tasks(profile):
         role, mix = f"capacity-{t}", teacher_mixture(profile, t)
         pre = teacher_schedule(profile, t)
-        key = _model_key(role, profile.student, pre, mix, profile.trace)
+        key = model_key(role, profile.student, pre, mix, profile.trace)
         out[t] = store.get_or_train(role, key, profile.student, pre, mix, progress=progress)
     return out
 

@@ -9,7 +9,7 @@ World
 
 Question
     A two-digit input, a sequence of 2 or 3 rules, and four candidate results, each printed with
-    its label A-D. Prompt ``r45stu?12A,45B,33C,07D:`` reads: apply s, then t, then u to 45; which
+    its label A-D. Prompt ``r45stu?12A,45B,34C,07D:`` reads: apply s, then t, then u to 45; which
     result is right? The reference completion ``45s71t09u45#45B`` writes the value after each
     rule (so every fact used is visible to a student distilled on teacher traces), then the final
     answer: the result and its letter. The score checks the letter: the final answer is

@@ -179,7 +179,7 @@ class RulesTask(Task):
 
     @staticmethod
     def parse_prompt(prompt: str) -> tuple[str, str, list[str]]:
-        """(input, rules, options) of a ``rules-mc`` prompt such as ``r45stu?12A,45B,33C,01D:``."""
+        """(input, rules, options) of a ``rules-mc`` prompt such as ``r45stu?12A,45B,34C,07D:``."""
         body = prompt[1:-1] if len(prompt) >= 2 else ""
         head, _, tail = body.partition("?")
         labelled = tail.split(OPTION_SEP)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -96,8 +97,10 @@ def test_companion_runs_the_main_grid_under_its_overrides():
 def test_beyond_profile_runs_everything_on_the_quick_models():
     beyond, quick = load_profile(PARAMS / "beyond.yaml"), load_profile(PARAMS / "quick.yaml")
     # the quick profile's models and budgets, whatever their current calibration (extends)
-    for key in ("trace", "student", "teacher", "student_pretrain", "teacher_pretrain", "distill", "data_seed"):
+    for key in ("trace", "student", "teacher", "teacher_pretrain", "distill", "data_seed"):
         assert getattr(beyond, key) == getattr(quick, key), key
+    # ... but its student base also learns countdown-4, so that RLVR on countdown-4 has a signal
+    assert beyond.student_pretrain == replace(quick.student_pretrain, extra_tasks=["countdown-4"])
     assert (beyond.grid.tasks, beyond.grid.lrs, beyond.grid.seeds) == (quick.grid.tasks, quick.grid.lrs, quick.grid.seeds)
     # coverage: pass@1..10 from >= 20 samples, on the task and both harder variants, along the spectrum
     assert beyond.eval.pass_ks == list(range(1, 11)) and beyond.eval.pass_n >= 20
@@ -416,3 +419,13 @@ def test_findings_table_feeds_the_follow_ups_to_the_scoreboard(tmp_path):
     assert f13.verdict != NOT_RUN and "noclip" in f13.values and "sampled_spread" in f13.values
     # without the follow-ups the scoreboard cannot test them
     assert {finding_11(main).verdict, finding_12(main).verdict} == {NOT_RUN}
+
+
+def test_style_teacher_steps_override_only_the_step_count():
+    from kdlab.style_teacher import style_teacher_schedule
+    from kdlab.teachers import teacher_schedule
+
+    p = load_profile(TINY_BEYOND)
+    assert style_teacher_schedule(p) == teacher_schedule(p, p.style.task)
+    q = load_profile(TINY_BEYOND, {"style.teacher_steps": 7})
+    assert style_teacher_schedule(q) == replace(teacher_schedule(p, p.style.task), steps=7)

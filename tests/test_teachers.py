@@ -120,3 +120,25 @@ def test_per_task_teacher_steps_change_only_that_teachers_schedule_and_key(repo_
         return model_key("teacher-" + t, p.teacher, teacher_schedule(p, t), teacher_mixture(p, t), p.trace)
     assert key(over, "countdown-3") == key(base, "countdown-3")
     assert key(over, "kb-mc") != key(base, "kb-mc") and key(over, "kb-mc")["pretrain"]["steps"] == 123
+
+
+def test_student_extra_tasks_enter_the_student_mixture_and_key_only(repo_root):
+    from kdlab.config import load_profile
+    from kdlab.teachers import model_key, student_mixture, student_tasks, teacher_mixture, teacher_schedule
+
+    base = load_profile(repo_root / "params" / "quick.yaml")
+    over = load_profile(repo_root / "params" / "quick.yaml", {"student_pretrain.extra_tasks": ["countdown-4"]})
+    assert student_tasks(base) == ["countdown-3"] and student_tasks(over) == ["countdown-3", "countdown-4"]
+    mix = student_mixture(over, student_tasks(over))
+    weights = {t.name: w for t, w in mix}
+    assert weights["countdown-4"] == weights["countdown-3"] == over.student_pretrain.task_weight
+
+    def skey(p):
+        return model_key("student", p.student, p.student_pretrain, student_mixture(p, student_tasks(p)), p.trace)
+
+    def tkey(p):
+        return model_key("teacher-countdown-3", p.teacher, teacher_schedule(p, "countdown-3"),
+                         teacher_mixture(p, "countdown-3"), p.trace)
+    assert skey(over) != skey(base) and tkey(over) == tkey(base)
+    # an empty list leaves the key as it was before the field existed (shipped hashes stay valid)
+    assert "extra_tasks" not in skey(base)["pretrain"]

@@ -69,6 +69,9 @@ class PretrainSpec:
     seed: int = _f(0, lo=0)
     task_steps: dict[str, int] = _f(factory=dict, doc="teacher_pretrain only: steps for the teacher of a "
                                     "given target task, overriding steps (e.g. {kb-mc: 2000})")
+    extra_tasks: list[str] = _f(factory=list, doc="student_pretrain only: tasks outside the grid (e.g. the harder "
+                                "variant countdown-4) whose train-split traces the student base also learns, at "
+                                "task_weight, so that a later stage on them (RLVR) starts from a non-zero accuracy")
 
 
 @dataclass
@@ -143,6 +146,8 @@ class StyleSpec:
     enabled: bool = _f(False)
     task: str = _f("countdown-3", choices=("countdown-3", "countdown-4", "countdown-4e"))
     alt_share: float = _f(0.5, lo=0.01, hi=0.99, doc="share of the style teacher's task weight on the instructed style")
+    teacher_steps: int = _f(0, lo=0, doc="training steps of the style teacher; 0 = those of the task teacher "
+                            "of style.task (its adoption rate, not its accuracy, is what the runs need)")
     n_test: int = _f(200, lo=1)
     policies: list[str] = _f(factory=lambda: ["off", "on"], choices=("off", "on"))
     kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=("forward", "reverse", "jsd", "k1", "k2", "k3"))
@@ -323,6 +328,13 @@ def validate_profile(p: Profile) -> Profile:
         valid = list(TARGET_TASKS)
     if p.student_pretrain.task_steps:
         raise ConfigError(f"student_pretrain.task_steps: only teachers have per-task schedules; got {p.student_pretrain.task_steps}")
+    if p.teacher_pretrain.extra_tasks:
+        raise ConfigError(f"teacher_pretrain.extra_tasks: only the student base learns extra tasks; got {p.teacher_pretrain.extra_tasks}")
+    for t in p.student_pretrain.extra_tasks:
+        if t not in TARGET_TASKS:
+            raise ConfigError(f"student_pretrain.extra_tasks: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")
+        if t in p.grid.tasks + p.grid.lambda_tasks:
+            raise ConfigError(f"student_pretrain.extra_tasks: {t!r} is already a target task of the grid (the student base learns it anyway)")
     for t, n in p.teacher_pretrain.task_steps.items():
         if t not in TARGET_TASKS:
             raise ConfigError(f"teacher_pretrain.task_steps: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")

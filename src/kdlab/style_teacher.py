@@ -1,7 +1,8 @@
 """The style teacher of a study's incidental-style-transfer runs (``style:`` in a profile).
 
 A teacher of the profile's teacher size and recipe (``teacher``, and the schedule of the teacher
-of ``style.task``: ``kdlab.teachers.teacher_schedule``), trained on the probe skills and on
+of ``style.task``: ``kdlab.teachers.teacher_schedule``, with ``style.teacher_steps`` steps when
+that is set), trained on the probe skills and on
 ``kdlab.style.style_teacher_tasks``: plain countdown traces for the student's (uninstructed)
 prompts and alt-notation traces for instructed prompts. It is stored in
 the same content-addressed model store as the other models (``<models>/teacher-style-<task>-<hash>/``,
@@ -9,10 +10,11 @@ the hash covering the spec, the recipe and the mixture), so a study builds it on
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .config import Profile
+from .config import PretrainSpec, Profile
 from .evaluate import accuracy
 from .models import checkpoint_meta, load_checkpoint, n_params
 from .style import StyledCountdownTask, student_prompt, style_report, style_teacher_tasks, teacher_prompt
@@ -29,6 +31,14 @@ def style_teacher_mixture(profile: Profile) -> list[tuple[Task, float]]:
             + style_teacher_tasks(st.task, st.alt_share, weight=tp.task_weight, trace=profile.trace))
 
 
+def style_teacher_schedule(profile: Profile) -> PretrainSpec:
+    """The schedule of the teacher of ``style.task``, with ``style.teacher_steps`` steps when set."""
+    schedule = teacher_schedule(profile, profile.style.task)
+    if profile.style.teacher_steps:
+        schedule = replace(schedule, steps=profile.style.teacher_steps)
+    return schedule
+
+
 def style_teacher_role(profile: Profile) -> str:
     """``teacher-style-<task>``: the model-store role (directory prefix) of the style teacher."""
     return f"teacher-style-{profile.style.task}"
@@ -39,7 +49,7 @@ def style_teacher_path(profile: Profile, root: str | Path, progress: bool = True
     missing (``train=False`` raises FileNotFoundError instead)."""
     role = style_teacher_role(profile)
     mix = style_teacher_mixture(profile)
-    schedule = teacher_schedule(profile, profile.style.task)  # the schedule of that task's teacher
+    schedule = style_teacher_schedule(profile)
     key = model_key(role, profile.teacher, schedule, mix, profile.trace)
     store = ModelStore(root)
     path = store.path(role, key)

@@ -67,6 +67,7 @@ def model_key(role: str, spec: ModelSpec, pre: PretrainSpec, mix, trace: str) ->
     model's directory in the store (``ModelStore.path``)."""
     schedule = asdict(pre)
     schedule.pop("task_steps")  # resolved into ``steps`` by ``teacher_schedule``
+    schedule.pop("extra_tasks")  # recorded by the mixture
     return {"role": role, "model": asdict(spec), "pretrain": schedule, "mixture": _describe(mix),
             "trace": trace, "regime_version": REGIME_VERSION}
 
@@ -82,6 +83,12 @@ def base_tasks(profile: Profile) -> list[str]:
     variants (``eval.harder``) are left out on purpose: they measure generalisation."""
     lam_tasks = profile.grid.lambda_tasks if profile.grid.lambdas else []
     return sorted(set(profile.grid.tasks + lam_tasks))
+
+
+def student_tasks(profile: Profile) -> list[str]:
+    """The tasks whose formats the student base learns: ``base_tasks`` plus
+    ``student_pretrain.extra_tasks`` (e.g. countdown-4, for an RLVR stage on it)."""
+    return base_tasks(profile) + list(profile.student_pretrain.extra_tasks)
 
 
 SHIPPED_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
@@ -165,9 +172,8 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     False, which raises FileNotFoundError naming the missing model). ``rebuild`` ignores the
     checkpoints shipped in the repository and trains them."""
     store = ModelStore(root, shipped_dir=None if rebuild else SHIPPED_DIR)
-    tasks = base_tasks(profile)
     out: dict[str, Path] = {}
-    jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, tasks))]
+    jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, student_tasks(profile)))]
     for t in base_tasks(profile):
         jobs.append((f"teacher-{t}", profile.teacher, teacher_schedule(profile, t), teacher_mixture(profile, t)))
     for role, spec, pre, mix in jobs:
@@ -208,7 +214,7 @@ def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = N
     for role, path in paths.items():
         model = load_checkpoint(path)
         probe_scores = {p.name: accuracy(model, p, probe_sets[p.name]) for p in probes}
-        tasks = base_tasks(profile) if role == "student" else [role]
+        tasks = student_tasks(profile) if role == "student" else [role]
         for t in tasks:
             task = get_task(t, trace=profile.trace)
             acc = accuracy(model, task, held_out(task, n_test, seed=profile.data_seed))

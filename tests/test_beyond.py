@@ -100,7 +100,7 @@ def test_beyond_profile_runs_everything_on_the_quick_models():
     for key in ("trace", "student", "teacher", "teacher_pretrain", "distill", "data_seed"):
         assert getattr(beyond, key) == getattr(quick, key), key
     # ... but its student base also learns countdown-4, so that RLVR on countdown-4 has a signal
-    assert beyond.student_pretrain == replace(quick.student_pretrain, extra_tasks=["countdown-4"])
+    assert beyond.student_pretrain == replace(quick.student_pretrain, extra_tasks={"countdown-4": 1.2})
     assert (beyond.grid.tasks, beyond.grid.lrs, beyond.grid.seeds) == (quick.grid.tasks, quick.grid.lrs, quick.grid.seeds)
     # coverage: pass@1..10 from >= 20 samples, on the task and both harder variants, along the spectrum
     assert beyond.eval.pass_ks == list(range(1, 11)) and beyond.eval.pass_n >= 20

@@ -46,9 +46,10 @@ def test_scientific_notation_floats(tmp_path):
     ("teacher_pretrain: {task_steps: {chess: 100}}\n", "teacher_pretrain.task_steps: 'chess' is not a valid choice"),
     ("teacher_pretrain: {task_steps: {kb-mc: 0}}\n", "teacher_pretrain.task_steps.kb-mc: 0 must be an integer >= 1"),
     ("student_pretrain: {task_steps: {kb-mc: 10}}\n", "student_pretrain.task_steps: only teachers"),
-    ("student_pretrain: {extra_tasks: [chess]}\n", "student_pretrain.extra_tasks: 'chess' is not a valid choice"),
-    ("student_pretrain: {extra_tasks: [countdown-3]}\n", "'countdown-3' is already a target task of the grid"),
-    ("teacher_pretrain: {extra_tasks: [countdown-4]}\n", "teacher_pretrain.extra_tasks: only the student base"),
+    ("student_pretrain: {extra_tasks: {chess: 1.0}}\n", "student_pretrain.extra_tasks: 'chess' is not a valid choice"),
+    ("student_pretrain: {extra_tasks: {countdown-3: 1.0}}\n", "'countdown-3' is already a target task of the grid"),
+    ("student_pretrain: {extra_tasks: {countdown-4: 0}}\n", "student_pretrain.extra_tasks.countdown-4: 0 must be a mixture weight > 0"),
+    ("teacher_pretrain: {extra_tasks: {countdown-4: 1.0}}\n", "teacher_pretrain.extra_tasks: only the student base"),
 ])
 def test_invalid_parameters_name_key_and_value(tmp_path, text, needle):
     with pytest.raises(ConfigError) as err:

@@ -127,11 +127,11 @@ def test_student_extra_tasks_enter_the_student_mixture_and_key_only(repo_root):
     from kdlab.teachers import model_key, student_mixture, student_tasks, teacher_mixture, teacher_schedule
 
     base = load_profile(repo_root / "params" / "quick.yaml")
-    over = load_profile(repo_root / "params" / "quick.yaml", {"student_pretrain.extra_tasks": ["countdown-4"]})
+    over = load_profile(repo_root / "params" / "quick.yaml", {"student_pretrain.extra_tasks": {"countdown-4": 1.5}})
     assert student_tasks(base) == ["countdown-3"] and student_tasks(over) == ["countdown-3", "countdown-4"]
     mix = student_mixture(over, student_tasks(over))
     weights = {t.name: w for t, w in mix}
-    assert weights["countdown-4"] == weights["countdown-3"] == over.student_pretrain.task_weight
+    assert (weights["countdown-3"], weights["countdown-4"]) == (over.student_pretrain.task_weight, 1.5)
 
     def skey(p):
         return model_key("student", p.student, p.student_pretrain, student_mixture(p, student_tasks(p)), p.trace)

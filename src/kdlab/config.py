@@ -69,9 +69,9 @@ class PretrainSpec:
     seed: int = _f(0, lo=0)
     task_steps: dict[str, int] = _f(factory=dict, doc="teacher_pretrain only: steps for the teacher of a "
                                     "given target task, overriding steps (e.g. {kb-mc: 2000})")
-    extra_tasks: list[str] = _f(factory=list, doc="student_pretrain only: tasks outside the grid (e.g. the harder "
-                                "variant countdown-4) whose train-split traces the student base also learns, at "
-                                "task_weight, so that a later stage on them (RLVR) starts from a non-zero accuracy")
+    extra_tasks: dict[str, float] = _f(factory=dict, doc="student_pretrain only: {task: mixture weight} of tasks "
+                                       "outside the grid (e.g. the harder variant countdown-4) whose train-split traces "
+                                       "the student base also learns, so that a later stage on them (RLVR) has a signal")
 
 
 @dataclass
@@ -330,11 +330,13 @@ def validate_profile(p: Profile) -> Profile:
         raise ConfigError(f"student_pretrain.task_steps: only teachers have per-task schedules; got {p.student_pretrain.task_steps}")
     if p.teacher_pretrain.extra_tasks:
         raise ConfigError(f"teacher_pretrain.extra_tasks: only the student base learns extra tasks; got {p.teacher_pretrain.extra_tasks}")
-    for t in p.student_pretrain.extra_tasks:
+    for t, w in p.student_pretrain.extra_tasks.items():
         if t not in TARGET_TASKS:
             raise ConfigError(f"student_pretrain.extra_tasks: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")
         if t in p.grid.tasks + p.grid.lambda_tasks:
             raise ConfigError(f"student_pretrain.extra_tasks: {t!r} is already a target task of the grid (the student base learns it anyway)")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+            raise ConfigError(f"student_pretrain.extra_tasks.{t}: {w!r} must be a mixture weight > 0")
     for t, n in p.teacher_pretrain.task_steps.items():
         if t not in TARGET_TASKS:
             raise ConfigError(f"teacher_pretrain.task_steps: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")

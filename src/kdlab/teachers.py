@@ -42,7 +42,8 @@ def student_mixture(profile: Profile, tasks: list[str]) -> list[tuple[Task, floa
     mix: list[tuple[Task, float]] = [(t, sp.probe_weight) for t in probe_tasks()]
     for name in tasks:
         world = 0 if name.startswith("countdown") else 1
-        mix.append((get_task(name, trace=profile.trace, world_seed=world), sp.task_weight))
+        weight = sp.extra_tasks.get(name, sp.task_weight)
+        mix.append((get_task(name, trace=profile.trace, world_seed=world), weight))
     return mix
 
 
@@ -87,7 +88,7 @@ def base_tasks(profile: Profile) -> list[str]:
 
 def student_tasks(profile: Profile) -> list[str]:
     """The tasks whose formats the student base learns: ``base_tasks`` plus
-    ``student_pretrain.extra_tasks`` (e.g. countdown-4, for an RLVR stage on it)."""
+    ``student_pretrain.extra_tasks`` (e.g. countdown-4, for an RLVR stage on it), at their own weights."""
     return base_tasks(profile) + list(profile.student_pretrain.extra_tasks)
 
 

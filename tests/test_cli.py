@@ -46,3 +46,24 @@ def test_teachers_capacity_check_trains_the_student_preset_with_the_teacher_reci
     tiny = load_profile(params)
     assert meta["key"]["pretrain"]["steps"] == tiny.teacher_pretrain.steps  # the teacher's schedule
     assert any(m[0] == "countdown-3" and m[3] == tiny.teacher_pretrain.task_weight for m in meta["key"]["mixture"])
+
+
+def test_diagnose_sorts_every_answer_into_one_error_mode(tmp_path, repo_root, capsys):
+    from kdlab.models import build_model, save_checkpoint
+    from kdlab.tasks.countdown import ERROR_MODES
+
+    ckpt = tmp_path / "nano"
+    save_checkpoint(build_model("llama", "nano", seed=0), ckpt)
+    params = str(repo_root / "params" / "tiny.yaml")
+    out_json = tmp_path / "modes.json"
+    assert main(["diagnose", params, str(ckpt), "--n", "12", "--json", str(out_json)]) == 0
+    modes = json.loads(out_json.read_text())
+    assert set(modes) <= set(ERROR_MODES) and sum(r["count"] for r in modes.values()) == 12
+    assert abs(sum(r["share"] for r in modes.values()) - 1.0) < 1e-9
+    assert "held-out countdown-3" in capsys.readouterr().out
+    # an untrained model writes no valid answer; the bad inputs name what is wrong
+    assert "correct" not in modes
+    assert main(["diagnose", params, str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+    assert main(["diagnose", params, str(ckpt), "--task", "kb-mc"]) == 2
+    assert "kb-mc" in capsys.readouterr().err

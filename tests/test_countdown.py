@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from kdlab.tasks import countdown
 from kdlab.tasks.base import SPLITS, split_of
 from kdlab.tasks.countdown import (
     TRACE_STYLES,
@@ -495,3 +496,47 @@ def test_reference_variety_and_mutations():
 def test_task_problems_match_generate():
     task = CountdownTask("countdown-4e", "direct")
     assert task.problems("test", 5, seed=9) == generate(4, 5, seed=9, split="test", variant="countdown-4e")
+
+
+# --------------------------------------------------------------------------------------------
+# diagnose: the error mode of a completion
+# --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("completion, mode", [
+    ("34+56=90,90-12=78#(34+56)-12", "correct"),
+    ("#34+56-12", "correct"),                                 # direct trace
+    ("34+56=90,90-12=78", "no answer"),
+    ("#34+56+12", "wrong answer"),
+    ("34+56=90,90-12=78#34+56+12", "answer mismatch"),
+    ("34+56=90,90+12=102#34+56+12", "misses target"),
+    ("34+12=46,46+56=78#34+12+56", "false finish"),           # 46+56 is 102, written as the target
+    ("34+12=47,47+56=103#34+12+56", "arithmetic error"),
+    ("34+34=68,68+10=78#34+34+10", "unavailable value"),      # 34 is given once
+    ("34+56=90,90-12=78,78*1=78#(34+56)-12*1", "unavailable value"),
+    ("34+56=90;90-12=78#34+56+12", "malformed step"),
+    ("12+34=46,46+56=102!;34+56=90,90-12=78#(34+56)-12", "correct"),   # search trace
+    ("12+34=46,46+56=102!;34+12=46,46+56=78#34+12+56", "false finish"),  # only the last attempt counts
+    ("56/0=0,0+12=78#56/0+12", "unavailable value"),         # 0 is not given
+])
+def test_diagnose_names_the_first_fault(completion, mode):
+    assert countdown.diagnose([12, 34, 56], 78, completion) == mode
+    assert mode in countdown.ERROR_MODES
+
+
+def test_diagnose_agrees_with_the_verifier_on_references():
+    rng = random.Random(0)
+    for trace in countdown.TRACE_STYLES:
+        task = countdown.CountdownTask("countdown-3", trace=trace)
+        for p in task.problems("train", 50, seed=1):
+            ref = task.reference(p, rng)
+            assert countdown.diagnose(p.data["numbers"], p.data["target"], ref) == "correct"
+
+
+def test_diagnose_handles_fractions_and_negatives():
+    # 7/2 * 2 ... numbers 7, 2, 4, target 14: 7/2=7/2, 7/2*4=14
+    assert countdown.diagnose([7, 2, 4], 14, "7/2=7/2,7/2*4=14#7/2*4") == "correct"
+    assert countdown.diagnose([7, 2, 4], 14, "7/2=7/2,7/2*4=14#7*4") == "answer mismatch"
+    assert countdown.diagnose([2, 9, 20], 13, "2-9=-7,20+-7=13#20+2-9") == "correct"
+    assert countdown.diagnose([2, 9, 20], 13, "2-9=-8,20+-8=12#20+2-9") == "correct"  # answer decides
+    assert countdown.diagnose([2, 9, 20], 13, "2-9=-8,20+-8=12#20+2-8") == "arithmetic error"
+    assert countdown.diagnose([5, 5, 9], 10, "5-5=0,9/0=10#9/(5-5)") == "false finish"  # x/0 is never right
+    assert countdown.diagnose([5, 5, 9], 11, "5-5=0,9/0=0#9/(5-5)") == "arithmetic error"

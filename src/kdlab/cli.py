@@ -79,6 +79,35 @@ def cmd_rlvr(args) -> int:
     return 0
 
 
+def cmd_diagnose(args) -> int:
+    from .config import ConfigError, load_profile
+    from .evaluate import error_modes
+    from .models import load_checkpoint
+    from .tasks import get_task
+    from .tasks.base import held_out
+
+    profile = load_profile(args.params, _overrides(args.set))
+    ckpt = Path(args.checkpoint)
+    if not (ckpt / "config.json").exists():
+        raise ConfigError(f"checkpoint {str(ckpt)!r}: no config.json there (give a checkpoint directory)")
+    if args.n < 1:
+        raise ConfigError(f"--n must be >= 1, got {args.n}")
+    try:
+        task = get_task(args.task, trace=profile.trace)
+    except ValueError as e:
+        raise ConfigError(f"--task {args.task!r}: {e}") from e
+    if not hasattr(task, "diagnose"):
+        raise ConfigError(f"--task {args.task!r} has no error-mode diagnosis (only the countdown tasks do)")
+    modes = error_modes(load_checkpoint(ckpt), task, held_out(task, args.n, seed=profile.data_seed))
+    print(f"{ckpt.name} on {args.n} held-out {task.name} problems ({profile.trace} trace, greedy):")
+    for mode, row in modes.items():
+        print(f"  {mode:<18} {row['count']:>5}  {100 * row['share']:5.1f}%   e.g. {row['examples'][0][0]} {row['examples'][0][1]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(modes, indent=2))
+        print(f"written: {args.json}")
+    return 0
+
+
 def cmd_study(args) -> int:
     from .study import run_study
 
@@ -120,6 +149,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_rlvr)
+
+    p = sub.add_parser("diagnose", help="sort a checkpoint's greedy countdown answers by error mode (false finish, arithmetic error, ...)")
+    p.add_argument("params", help="profile (its trace style and data seed choose the held-out problems)")
+    p.add_argument("checkpoint", help="checkpoint directory (a model in outputs/models, a run's student/)")
+    p.add_argument("--task", default="countdown-3")
+    p.add_argument("--n", type=int, default=200, help="held-out problems (default 200)")
+    p.add_argument("--json", default=None, help="also write the modes, counts and examples to this file")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p.set_defaults(fn=cmd_diagnose)
 
     p = sub.add_parser("study", help="run a whole study profile: grid of run notebooks, results table, report")
     p.add_argument("params")

@@ -31,6 +31,28 @@ def accuracy(model: torch.nn.Module, task: Task, problems: list[Problem], batch_
     return sum(task.score(p, t) for p, t in zip(problems, texts)) / len(problems)
 
 
+def error_modes(model: torch.nn.Module, task: Task, problems: list[Problem], batch_size: int = 512,
+                examples: int = 3) -> dict[str, dict]:
+    """Greedy completions sorted by error mode: {mode: {"count", "share", "examples"}}.
+
+    Needs a task with a ``diagnose(problem, completion)`` method (the Countdown variants);
+    ``examples``: up to this many (prompt, completion) pairs kept per mode."""
+    if not hasattr(task, "diagnose"):
+        raise ValueError(f"task {task.name!r} has no error-mode diagnosis (only the countdown tasks do)")
+    if not problems:
+        raise ValueError(f"no problems to evaluate for task {task.name!r}")
+    texts = complete(model, [p.prompt for p in problems], task.max_new_tokens, batch_size=batch_size)
+    out: dict[str, dict] = {}
+    for p, t in zip(problems, texts):
+        row = out.setdefault(task.diagnose(p, t), {"count": 0, "share": 0.0, "examples": []})
+        row["count"] += 1
+        if len(row["examples"]) < examples:
+            row["examples"].append([p.prompt, t])
+    for row in out.values():
+        row["share"] = row["count"] / len(problems)
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]["count"]))
+
+
 def pass_at_ks(model: torch.nn.Module, task: Task, problems: list[Problem], n: int, ks: tuple[int, ...] = (1, 10),
                temperature: float = 1.0, seed: int = 0, batch_size: int = 512) -> dict[int, float]:
     """Mean unbiased pass@k over problems from ``n`` samples each (temperature sampling)."""

@@ -47,7 +47,7 @@ from functools import lru_cache
 from math import gcd
 from typing import Union
 
-from kdlab.tasks.base import SPLITS, Problem, Task, final_answer, split_of
+from kdlab.tasks.base import ANSWER_MARK, SPLITS, Problem, Task, final_answer, split_of
 
 Number = Union[int, Fraction]
 Step = tuple[Number, str, Number, Number]  # (left, op, right, result)
@@ -265,6 +265,58 @@ def steps_text(steps: list[Step]) -> str:
     return ",".join(
         f"{_format_value(a)}{op}{_format_value(b)}={_format_value(r)}" for a, op, b, r in steps
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Error modes of a completion
+# --------------------------------------------------------------------------------------------
+ERROR_MODES: tuple[str, ...] = (
+    "correct",            # the verifier accepts the final answer
+    "no answer",          # no ``#`` final answer
+    "malformed step",     # a step of the (last) attempt is not ``a<op>b=c`` with exact values
+    "unavailable value",  # a step uses a number that is not (or no longer) available
+    "false finish",       # a step's arithmetic is wrong and its written result is the target
+    "arithmetic error",   # a step's arithmetic is wrong (result not the target)
+    "misses target",      # every step is right, but the last result is not the target
+    "answer mismatch",    # the steps reach the target, but the final expression fails ``verify``
+    "wrong answer",       # no steps to check (``direct`` trace) and the answer fails ``verify``
+)
+_VALUE = r"-?\d{1,12}(?:/\d{1,12})?"
+_STEP = re.compile(rf"({_VALUE})([-+*/])({_VALUE})=({_VALUE})")
+
+
+def diagnose(numbers: list[int], target: int, completion: str) -> str:
+    """The error mode (one of ERROR_MODES) of a completion in any trace style.
+
+    The steps checked are those of the last attempt (after the last ``!;`` of a ``search``
+    trace), in order; the first faulty step decides the mode. "false finish" is a step that
+    claims the target with wrong arithmetic: a model that chose a first step from which the
+    target cannot be reached, then wrote the target anyway.
+    """
+    answer = final_answer(completion)
+    if answer is None:
+        return "no answer"
+    if verify(list(numbers), target, answer):
+        return "correct"
+    trace = completion.rsplit(ANSWER_MARK, 1)[0].rsplit("!;", 1)[-1]
+    if not trace:
+        return "wrong answer"
+    pool = Counter(Fraction(n) for n in numbers)
+    last: Fraction | None = None
+    for text in trace.split(","):
+        m = _STEP.fullmatch(text)
+        if m is None:
+            return "malformed step"
+        a, op, b, written = Fraction(m[1]), m[2], Fraction(m[3]), Fraction(m[4])
+        need = Counter([a, b])
+        if any(pool[v] < k for v, k in need.items()):
+            return "unavailable value"
+        if (op == "/" and b == 0) or _apply(a, op, b) != written:
+            return "false finish" if written == target else "arithmetic error"
+        pool.subtract(need)
+        pool[written] += 1
+        last = written
+    return "answer mismatch" if last == target else "misses target"
 
 
 # --------------------------------------------------------------------------------------------
@@ -676,6 +728,10 @@ class CountdownTask(Task):
                     failures.append(steps_text(path) + "!;")
                     break
         return "".join(failures) + text
+
+    def diagnose(self, problem: Problem, completion: str) -> str:
+        """The completion's error mode, one of ERROR_MODES (see ``diagnose``)."""
+        return diagnose(problem.data["numbers"], int(problem.data["target"]), completion)
 
     def score(self, problem: Problem, completion: str) -> float:
         answer = final_answer(completion)

@@ -516,6 +516,8 @@ def test_task_problems_match_generate():
     ("12+34=46,46+56=102!;34+56=90,90-12=78#(34+56)-12", "correct"),   # search trace
     ("12+34=46,46+56=102!;34+12=46,46+56=78#34+12+56", "false finish"),  # only the last attempt counts
     ("56/0=0,0+12=78#56/0+12", "unavailable value"),         # 0 is not given
+    ("34+56=90/0,90-12=78#34+56+12", "malformed step"),       # a value with denominator 0
+    ("34+56=90/00,90-12=78#34+56+12", "malformed step"),
 ])
 def test_diagnose_names_the_first_fault(completion, mode):
     assert countdown.diagnose([12, 34, 56], 78, completion) == mode

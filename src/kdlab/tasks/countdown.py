@@ -307,7 +307,10 @@ def diagnose(numbers: list[int], target: int, completion: str) -> str:
         m = _STEP.fullmatch(text)
         if m is None:
             return "malformed step"
-        a, op, b, written = Fraction(m[1]), m[2], Fraction(m[3]), Fraction(m[4])
+        try:
+            a, op, b, written = Fraction(m[1]), m[2], Fraction(m[3]), Fraction(m[4])
+        except ZeroDivisionError:  # a value written with denominator 0, e.g. "7/00"
+            return "malformed step"
         need = Counter([a, b])
         if any(pool[v] < k for v, k in need.items()):
             return "unavailable value"

@@ -18,6 +18,11 @@ def test_shipped_profiles_load(repo_root):
         assert isinstance(prof, Profile) and prof.name
 
 
+def test_dfs_trace_with_countdown_3_only_loads(tmp_path):
+    prof = load_profile(write(tmp_path, "trace: dfs\ngrid: {tasks: [countdown-3, kb-mc]}\nrlvr: {enabled: true, task: countdown-3}\n"))
+    assert prof.trace == "dfs" and prof.rlvr.task == "countdown-3"
+
+
 def test_off_on_are_strings_not_booleans(tmp_path):
     prof = load_profile(write(tmp_path, "grid: {policies: [off, on]}\n"))
     assert prof.grid.policies == ["off", "on"]
@@ -50,6 +55,12 @@ def test_scientific_notation_floats(tmp_path):
     ("student_pretrain: {extra_tasks: {countdown-3: 1.0}}\n", "'countdown-3' is already a target task of the grid"),
     ("student_pretrain: {extra_tasks: {countdown-4: 0}}\n", "student_pretrain.extra_tasks.countdown-4: 0 must be a mixture weight > 0"),
     ("teacher_pretrain: {extra_tasks: {countdown-4: 1.0}}\n", "teacher_pretrain.extra_tasks: only the student base"),
+    ("trace: bfs\n", "trace: 'bfs' is not a valid choice"),
+    ("trace: dfs\neval: {harder: [countdown-4e]}\n", "eval.harder: 'countdown-4e' cannot be used with trace 'dfs'"),
+    ("trace: dfs\ngrid: {tasks: [countdown-3, countdown-4]}\n", "grid.tasks: 'countdown-4' cannot be used with trace 'dfs'"),
+    ("trace: dfs\nstudent_pretrain: {extra_tasks: {countdown-4: 1.0}}\n", "student_pretrain.extra_tasks: 'countdown-4' cannot"),
+    ("trace: dfs\nrlvr: {enabled: true}\n", "rlvr.task: 'countdown-4' cannot be used with trace 'dfs'"),
+    ("trace: dfs\nstyle: {enabled: true}\n", "style.enabled: needs countdown traces in style 'steps' or 'search', got trace 'dfs'"),
 ])
 def test_invalid_parameters_name_key_and_value(tmp_path, text, needle):
     with pytest.raises(ConfigError) as err:

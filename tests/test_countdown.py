@@ -15,9 +15,12 @@ import pytest
 from kdlab.tasks import countdown
 from kdlab.tasks.base import SPLITS, split_of
 from kdlab.tasks.countdown import (
+    DFS_VARIANTS,
     TRACE_STYLES,
     VARIANTS,
     CountdownTask,
+    dfs_steps,
+    dfs_text,
     expression_from_steps,
     generate,
     max_completion_chars,
@@ -404,6 +407,10 @@ def test_task_errors_and_attributes():
         CountdownTask("countdown-3", trace="search", max_failed=-1)
     with pytest.raises(ValueError, match="split"):
         CountdownTask().problems("dev", 3)
+    for variant in ("countdown-4", "countdown-4e"):
+        with pytest.raises(ValueError) as err:
+            CountdownTask(variant, trace="dfs")
+        assert variant in str(err.value) and "countdown-3" in str(err.value)
     task = CountdownTask()
     assert (task.name, task.tag, task.trace) == ("countdown-3", "c", "steps")
     assert CountdownTask("countdown-4e").name == "countdown-4e"
@@ -419,10 +426,15 @@ def test_max_new_tokens_matches_hand_bounds():
     # steps, n=4: 14 + 24 (8+1+2+1+12) + 19 (12+1+2+1+3) + 2 commas = 59, + answer 16 = 75.
     # search adds per failure an integer trace (n=3: "99*99=9801,9801*99=970299" = 25;
     #   n=4: 10 + 14 + 18 + 2 = 44) plus "!;".
-    expected = {3: {"direct": 11, "steps": 41, "search": 41 + 2 * 27},
+    # dfs, n=3: before the live first step at most 3 pairs x 4 ops - 1 = 11 dead steps of
+    #   "99*99=9801!," = 12 chars; before the live last step at most 4 - 1 = 3 dead steps of
+    #   "9801*99=970299!," = 16 chars: 41 + 132 + 48 = 221.
+    expected = {3: {"direct": 11, "steps": 41, "search": 41 + 2 * 27, "dfs": 221},
                 4: {"direct": 16, "steps": 75, "search": 75 + 2 * 46}}
     for variant, n in VARIANTS.items():
         for trace in TRACE_STYLES:
+            if trace == "dfs" and variant not in DFS_VARIANTS:
+                continue
             assert CountdownTask(variant, trace).max_new_tokens == expected[n][trace]
     assert CountdownTask("countdown-4", "search", max_failed=5).max_new_tokens == 75 + 5 * 46
     assert max_completion_chars(3, "search", 0) == 41
@@ -432,7 +444,7 @@ def test_max_new_tokens_matches_hand_bounds():
 def test_references_score_and_fit(variant):
     n = VARIANTS[variant]
     problems = CountdownTask(variant).problems("train", 40, seed=5)
-    for trace in TRACE_STYLES:
+    for trace in ("direct", "steps", "search"):  # dfs: test_dfs_references_are_a_true_search
         task = CountdownTask(variant, trace)
         rng = random.Random(0)
         failures_seen = set()
@@ -542,3 +554,103 @@ def test_diagnose_handles_fractions_and_negatives():
     assert countdown.diagnose([2, 9, 20], 13, "2-9=-8,20+-8=12#20+2-8") == "arithmetic error"
     assert countdown.diagnose([5, 5, 9], 10, "5-5=0,9/0=10#9/(5-5)") == "false finish"  # x/0 is never right
     assert countdown.diagnose([5, 5, 9], 11, "5-5=0,9/0=0#9/(5-5)") == "arithmetic error"
+
+
+# ---------------------------------------------------------------------------------------------
+# The dfs trace
+# ---------------------------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _int_reachable(values: tuple[int, ...]) -> frozenset[int]:
+    """Every value reachable from ``values`` (using all of them) with non-negative integer
+    intermediates: an independent brute force over pairs and the four operations."""
+    if len(values) == 1:
+        return frozenset(values)
+    out: set[int] = set()
+    for i, j in itertools.combinations(range(len(values)), 2):
+        a, b = max(values[i], values[j]), min(values[i], values[j])
+        rest = [values[k] for k in range(len(values)) if k not in (i, j)]
+        results = [a + b, a * b, a - b] + ([a // b] if b and a % b == 0 else [])
+        for r in results:
+            out |= _int_reachable(tuple(sorted(rest + [r])))
+    return frozenset(out)
+
+
+def _hand_order(values: list[int]) -> list[tuple[int, str, int, int]]:
+    """The documented try order: pairs by position, then + * - / (larger operand first)."""
+    order = []
+    for i, j in itertools.combinations(range(len(values)), 2):
+        a, b = max(values[i], values[j]), min(values[i], values[j])
+        for op, r in (("+", a + b), ("*", a * b), ("-", a - b), ("/", a // b if b and a % b == 0 else None)):
+            if r is not None and (a, op, b, r) not in order:
+                order.append((a, op, b, r))
+    return order
+
+
+@pytest.mark.parametrize("numbers, target, text", [
+    ([12, 34, 56], 78, "34+12=46!,34*12=408!,34-12=22,56+22=78"),
+    ([4, 4, 2], 16, "4+4=8,8+2=10!,8*2=16"),
+    ([6, 5, 2], 17, "6+5=11!,6*5=30!,6-5=1!,6+2=8!,6*2=12,12+5=17"),
+    ([5, 5, 9], 10, "5+5=10!,5*5=25!,5-5=0!,5/5=1,9+1=10"),  # (5,5) tried once; 0 is never a divisor
+])
+def test_dfs_hand_cases(numbers, target, text):
+    assert dfs_text(dfs_steps(numbers, target)) == text
+    reference = CountdownTask("countdown-3", "dfs").reference(
+        countdown.Problem(task="countdown-3", key="k", prompt="", data={"numbers": numbers, "target": target}),
+        random.Random(0))
+    assert reference.startswith(text + "#") and verify(numbers, target, reference.rsplit("#", 1)[1])
+
+
+def test_dfs_references_are_a_true_search():
+    task = CountdownTask("countdown-3", "dfs")
+    for split in ("train", "test"):
+        for p in task.problems(split, 150, seed=3):
+            numbers, target = p.data["numbers"], p.data["target"]
+            completion = task.reference(p, random.Random(0))
+            assert completion == task.reference(p, random.Random(99))  # deterministic
+            assert task.score(p, completion) == 1.0 and len(completion) <= task.max_new_tokens
+            assert countdown.diagnose(numbers, target, completion) == "correct"
+            trace_text, answer = completion.rsplit("#", 1)
+            values, written = list(numbers), trace_text.split(",")
+            while len(values) > 1:  # each state: a prefix of the try order, dead until the live step
+                order = _hand_order(values)
+                for k, (a, op, b, r) in enumerate(order):
+                    rest = values[:]
+                    rest.remove(a)
+                    rest.remove(b)
+                    rest.append(r)
+                    live = target in _int_reachable(tuple(sorted(rest)))
+                    assert written.pop(0) == f"{a}{op}{b}={r}" + ("" if live else "!"), completion
+                    if live:
+                        values = rest
+                        break
+                else:
+                    raise AssertionError(f"no live step in {completion}")
+            assert written == [] and values == [target]
+
+
+def test_dfs_covers_every_three_number_eval_problem(eval_set):
+    rows = [r for r in eval_set if len(r["numbers"]) == 3]
+    assert rows
+    for row in rows:
+        marked = dfs_steps(row["numbers"], int(row["target"]))
+        path = [step for step, live in marked if live]
+        assert verify(row["numbers"], row["target"], expression_from_steps(row["numbers"], path))
+        text = dfs_text(marked) + "#" + expression_from_steps(row["numbers"], path)
+        assert len(text) <= max_completion_chars(3, "dfs")
+
+
+def test_dfs_rejects_problems_without_an_integer_solution():
+    with pytest.raises(ValueError, match="integer-only"):
+        dfs_steps([3, 5, 7], 10)  # unsolvable
+
+
+@pytest.mark.parametrize("completion, mode", [
+    ("34+12=46!,34*12=408!,34-12=22,56+22=78#56+34-12", "correct"),
+    ("34+12=47!,34-12=22,56+22=78#56+34-12", "correct"),       # dead steps are not checked
+    ("34+12=46!,34+12=46,56+46=78#56+34+12", "false finish"),  # live by mistake, then faked
+    ("34+12=46!,34-12=22,56+22=77#56+34+12", "arithmetic error"),
+    ("34+12=46!,56+34=90!,#56+34+12", "malformed step"),
+    ("34+12=46!,56-12=44!#56-12", "misses target"),            # every step dead
+])
+def test_diagnose_skips_dead_steps(completion, mode):
+    assert countdown.diagnose([12, 34, 56], 78, completion) == mode

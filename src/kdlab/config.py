@@ -199,7 +199,7 @@ class PretrainedSpec:
 @dataclass
 class Profile:
     name: str = _f("quick")
-    trace: str = _f("steps", choices=("direct", "steps", "search"), doc="countdown trace style")
+    trace: str = _f("steps", choices=("direct", "steps", "search", "dfs"), doc="countdown trace style (dfs: countdown-3 only)")
     student: ModelSpec = _f(factory=lambda: ModelSpec(size="student-s"))
     teacher: ModelSpec = _f(factory=lambda: ModelSpec(size="teacher-s"))
     student_pretrain: PretrainSpec = _f(factory=PretrainSpec)
@@ -367,11 +367,28 @@ def validate_profile(p: Profile) -> Profile:
     for lr in p.style.lrs:
         if not 0 < lr < 1:
             raise ConfigError(f"style.lrs: {lr!r} must be in (0, 1)")
-    if p.style.enabled and p.trace == "direct":
-        raise ConfigError("style.enabled: needs countdown traces with reasoning (trace 'steps' or 'search'), got trace 'direct'")
+    if p.style.enabled and p.trace not in ("steps", "search"):
+        raise ConfigError(f"style.enabled: needs countdown traces in style 'steps' or 'search', got trace {p.trace!r}")
+    if p.trace == "dfs":
+        _check_dfs_tasks(p)
     for suffix in p.companions:
         companion_profile(p, suffix)
     return p
+
+
+def _check_dfs_tasks(p: Profile) -> None:
+    """trace 'dfs' is defined for short countdown variants only (kdlab.tasks.countdown.DFS_VARIANTS)."""
+    from kdlab.tasks.countdown import DFS_VARIANTS
+
+    used = [("grid.tasks", t) for t in p.grid.tasks] + [("eval.harder", t) for t in p.eval.harder]
+    used += [("grid.lambda_tasks", t) for t in p.grid.lambda_tasks if p.grid.lambdas]
+    used += [("student_pretrain.extra_tasks", t) for t in p.student_pretrain.extra_tasks]
+    if p.rlvr.enabled:
+        used.append(("rlvr.task", p.rlvr.task))
+    for key, task in used:
+        if task.startswith("countdown") and task not in DFS_VARIANTS:
+            raise ConfigError(f"{key}: {task!r} cannot be used with trace 'dfs', which is defined for "
+                              f"{list(DFS_VARIANTS)} only (its traces for more numbers outgrow the models' positions)")
 
 
 def parse_start(profile: Profile, start: str) -> tuple[str, str, float] | None:

@@ -31,7 +31,14 @@ Text formats (character-level tokenizer, printable ASCII, see ``kdlab.tasks.base
     exists; otherwise a general one, with exact values written as ``7/2`` or ``-4``;
   - ``search``: 0..``max_failed`` failed attempts (full integer-only step sequences that miss
     the target), each followed by ``!;``, then the steps trace:
-    ``12+34=46,46+56=102!;34+56=90,90-12=78#(34+56)-12``.
+    ``12+34=46,46+56=102!;34+56=90,90-12=78#(34+56)-12``;
+  - ``dfs`` (countdown-3 only): a depth-first search with one-step look-ahead, written in full
+    (``dfs_steps``). At each state the distinct steps are tried in a fixed order (pairs of
+    values by position, the prompt's numbers first and a new result last; then ``+ * - /``),
+    each step from which the target cannot be reached is written and marked dead with ``!``,
+    and the first live step is taken: ``12+34=46!,12*34=408!,12+56=68!,...,34+56=90,90+12=102!,
+    90*12=1080!,90-12=78#(34+56)-12``. Unlike ``search``, every failed attempt is a distinct
+    step in a fixed order, so a model that learns it always knows what to try next.
 
 Problem keys are canonical, ``cd<N>:<sorted numbers>><target>`` (e.g. ``cd3:12,34,56>78``), and
 countdown-4 and countdown-4e share the ``cd4`` prefix: a countdown-4e problem is also a
@@ -53,7 +60,9 @@ Number = Union[int, Fraction]
 Step = tuple[Number, str, Number, Number]  # (left, op, right, result)
 
 VARIANTS: dict[str, int] = {"countdown-3": 3, "countdown-4": 4, "countdown-4e": 4}
-TRACE_STYLES: tuple[str, ...] = ("direct", "steps", "search")
+TRACE_STYLES: tuple[str, ...] = ("direct", "steps", "search", "dfs")
+DFS_VARIANTS: tuple[str, ...] = ("countdown-3",)  # longer dfs traces can exceed the models' positions
+DEAD_MARK = "!"
 TAG = "c"
 MIN_NUMBER, MAX_NUMBER = 1, 99
 MIN_TARGET, MAX_TARGET = 10, 100
@@ -267,6 +276,42 @@ def steps_text(steps: list[Step]) -> str:
     )
 
 
+def dfs_steps(numbers: list[int], target: int) -> list[tuple[Step, bool]]:
+    """The ``dfs`` trace of a problem: ``(step, live)`` pairs in the order they are tried.
+
+    At each state (the values left, in order: untouched numbers in the given order, then results
+    in the order made) the distinct integer-only steps of ``_distinct_steps`` are tried in order;
+    a step is live when the target can still be reached from the values it leaves (the last
+    step: when its result is the target). Dead steps are listed, the first live one is taken and
+    the search goes on from there, so the live steps form a solution.
+
+    Raises ValueError when the problem has no integer-only solution. Every solvable 3-number
+    problem has one: a fractional intermediate ``a/b`` can only reach an integer target as
+    ``a*c/b``, ``c*b/a`` or ``a/(b*c)``, and a negative one ``a-b`` only as ``c-(b-a)`` or
+    ``c+b-a``, each computable with non-negative integer intermediates.
+    """
+    nums = _check_numbers(numbers)
+    t = _check_target(target)
+    if min(nums) < 0 or not _solutions_sorted(tuple(sorted(nums)), t, True, "+-*/"):
+        raise ValueError(f"countdown problem {list(nums)!r} -> {t} has no integer-only solution, "
+                         "which the dfs trace needs")
+    values: list[Number] = list(nums)
+    out: list[tuple[Step, bool]] = []
+    while len(values) > 1:
+        for step, rest in _distinct_steps(values, True):
+            live = rest[0] == t if len(rest) == 1 else bool(_solutions_sorted(tuple(sorted(rest)), t, True, "+-*/"))
+            out.append((step, live))
+            if live:
+                values = rest
+                break
+    return out
+
+
+def dfs_text(marked: list[tuple[Step, bool]]) -> str:
+    """``dfs_steps`` output written as ``12+34=46!,34+56=90,90-12=78`` (dead steps end in ``!``)."""
+    return ",".join(steps_text([step]) + ("" if live else DEAD_MARK) for step, live in marked)
+
+
 # --------------------------------------------------------------------------------------------
 # Error modes of a completion
 # --------------------------------------------------------------------------------------------
@@ -289,7 +334,8 @@ def diagnose(numbers: list[int], target: int, completion: str) -> str:
     """The error mode (one of ERROR_MODES) of a completion in any trace style.
 
     The steps checked are those of the last attempt (after the last ``!;`` of a ``search``
-    trace), in order; the first faulty step decides the mode. "false finish" is a step that
+    trace) that are not marked dead (``!`` of a ``dfs`` trace), in order; the first faulty step
+    decides the mode. "false finish" is a step that
     claims the target with wrong arithmetic: a model that chose a first step from which the
     target cannot be reached, then wrote the target anyway.
     """
@@ -304,6 +350,8 @@ def diagnose(numbers: list[int], target: int, completion: str) -> str:
     pool = Counter(Fraction(n) for n in numbers)
     last: Fraction | None = None
     for text in trace.split(","):
+        if text.endswith(DEAD_MARK):
+            continue
         m = _STEP.fullmatch(text)
         if m is None:
             return "malformed step"
@@ -677,6 +725,17 @@ def max_completion_chars(n: int, trace: str, max_failed: int = 2) -> int:
     steps = max(_trace_len_bound(n, True, target_len), _trace_len_bound(n, False, target_len)) + answer
     if trace == "steps":
         return steps
+    if trace == "dfs":
+        # Before each live step, every other distinct step of its state may be written dead
+        # (``a<op>b=r!,``): with k values left, at most 4 ops x k(k-1)/2 pairs - 1 of them; the two
+        # operands together hold at most n - k + 2 of the numbers (integer-only values).
+        lens = _value_len_bounds(n, True)
+        dead = 0
+        for k in range(2, n + 1):
+            leaves = n - k + 2
+            operands = max(lens[i] + lens[leaves - i] for i in range(1, leaves))
+            dead += (4 * k * (k - 1) // 2 - 1) * (operands + 2 + lens[leaves] + 2)
+        return steps + dead
     failed = _trace_len_bound(n, True, _value_len_bounds(n, True)[n]) + 2
     return steps + max_failed * failed
 
@@ -687,7 +746,8 @@ def max_completion_chars(n: int, trace: str, max_failed: int = 2) -> int:
 class CountdownTask(Task):
     """Countdown as a kdlab task; see the module docstring for variants and text formats.
 
-    ``variant``: one of VARIANTS. ``trace``: ``direct``, ``steps`` or ``search``.
+    ``variant``: one of VARIANTS. ``trace``: ``direct``, ``steps``, ``search`` or ``dfs``
+    (``dfs`` for the variants in DFS_VARIANTS only).
     ``max_failed``: most failed attempts in a ``search`` trace (the count is drawn from
     0..max_failed). ``max_new_tokens`` is an analytic bound on the reference completion length.
     """
@@ -698,6 +758,9 @@ class CountdownTask(Task):
         self.name = _check_variant(variant)
         if trace not in TRACE_STYLES:
             raise ValueError(f"trace must be one of {list(TRACE_STYLES)}, got {trace!r}")
+        if trace == "dfs" and variant not in DFS_VARIANTS:
+            raise ValueError(f"trace 'dfs' is defined for {list(DFS_VARIANTS)} only, got variant {variant!r} "
+                             f"(its traces can outgrow the models' 512 positions)")
         if isinstance(max_failed, bool) or not isinstance(max_failed, int) or max_failed < 0:
             raise ValueError(f"max_failed must be a non-negative int, got {max_failed!r}")
         self.trace = trace
@@ -712,6 +775,10 @@ class CountdownTask(Task):
 
     def reference(self, problem: Problem, rng: random.Random) -> str:
         numbers, target = problem.data["numbers"], int(problem.data["target"])
+        if self.trace == "dfs":  # deterministic: the search order fixes the solution
+            marked = dfs_steps(numbers, target)
+            path = [step for step, live in marked if live]
+            return dfs_text(marked) + ANSWER_MARK + expression_from_steps(numbers, path)
         candidates = solutions(numbers, target, integer_only=True) or solutions(numbers, target)
         if not candidates:
             raise ValueError(f"problem {problem.key!r} has no solution")

@@ -36,8 +36,8 @@ Text formats (character-level tokenizer, printable ASCII, see ``kdlab.tasks.base
     (``dfs_steps``). At each state the distinct steps are tried in a fixed order (pairs of
     values by position, the prompt's numbers first and a new result last; then ``+ * - /``),
     each step from which the target cannot be reached is written and marked dead with ``!``,
-    and the first live step is taken: ``12+34=46!,12*34=408!,12+56=68!,...,34+56=90,90+12=102!,
-    90*12=1080!,90-12=78#(34+56)-12``. Unlike ``search``, every failed attempt is a distinct
+    and the first live step is taken: ``34+12=46!,34*12=408!,34-12=22,56+22=78#56+34-12``.
+    Unlike ``search``, every failed attempt is a distinct
     step in a fixed order, so a model that learns it always knows what to try next.
 
 Problem keys are canonical, ``cd<N>:<sorted numbers>><target>`` (e.g. ``cd3:12,34,56>78``), and

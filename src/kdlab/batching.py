@@ -42,12 +42,16 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 
 
 def response_logits(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: torch.Tensor,
-                    response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Logits that predict each response token: (B, R, V).
+                    response: torch.Tensor, response_mask: torch.Tensor, vocab_size: int | None = None) -> torch.Tensor:
+    """Logits that predict each response token: (B, R, V), V cut to ``vocab_size`` when given
+    (embedding rows beyond the tokenizer never enter a KL).
 
-    prompt (B, P) left-padded, response (B, R) right-padded. Row b's logit at response column r
-    is the model's next-token distribution after prompt_b + response_b[:r].
+    prompt (B, P) left-padded, response (B, R) right-padded, on any device (moved to the
+    model's). Row b's logit at response column r is the model's next-token distribution after
+    prompt_b + response_b[:r].
     """
+    device = next(model.parameters()).device
+    prompt, prompt_mask, response = prompt.to(device), prompt_mask.to(device), response.to(device)
     # The last response token predicts nothing we need (and, the model being causal, changes no
     # earlier logit), so it is not fed: P + R - 1 positions.
     ids = torch.cat([prompt, response[:, :-1]], dim=1)  # (B, P+R-1)
@@ -56,4 +60,5 @@ def response_logits(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: t
     mask = torch.cat([prompt_mask, torch.ones_like(response_mask[:, :-1])], dim=1)
     out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=False)
     width = prompt.shape[1]
-    return out.logits[:, width - 1: width - 1 + response.shape[1]]  # (B, R, V)
+    logits = out.logits[:, width - 1: width - 1 + response.shape[1]]  # (B, R, V)
+    return logits if vocab_size is None or vocab_size >= logits.shape[-1] else logits[..., :vocab_size]

@@ -28,7 +28,7 @@ class ProblemPool:
         self.task = task
         cap = task.capacity(split)
         count = size if cap is None else min(size, cap)
-        key = (task.name, getattr(task, "world_seed", None), split, count, seed)
+        key = (task.name, str(getattr(task, "path", "")), getattr(task, "world_seed", None), split, count, seed)
         if key not in _POOLS:  # problem generation can be slow (countdown solves every draw)
             _POOLS[key] = task.problems(split, count, seed=seed)
         self.problems: list[Problem] = _POOLS[key]

@@ -1,10 +1,19 @@
-"""One distillation run: rollout policy x KL x learning rate, from a student base to a teacher.
+"""The distillation loop: rollout policy x KL x learning rate, from a student base to a teacher.
+
+One loop for every model: kdlab's toy models and real Hugging Face checkpoints, on any device,
+in one process or sharded over several (FSDP2, ``kdlab.fsdp_run``). What differs between them
+is the ``codec`` (``kdlab.codec``: prompt rendering, pad and stop ids, vocabulary size).
 
 The run samples training sequences under its rollout policy (OffPD: a cached pool of teacher
 rollouts; OnPD: fresh student rollouts every step; lambda: fresh pi_lambda rollouts), scores
 every response position with the frozen teacher over the full vocabulary, and takes one AdamW
-step on the chosen KL. Parameters are bf16 with no fp32 master copy by default (an update
-smaller than one bf16 step is lost, as in the paper's bf16 training), or fp32.
+step on the token mean of the chosen KL over the whole batch, in micro-batches when asked
+(gradient accumulation, each micro-batch weighted by its share of the batch's tokens, so the
+update is that of the whole batch). Parameters are bf16 with no fp32 master copy by default (an
+update smaller than one bf16 step is lost, as in the paper's bf16 training), or fp32.
+
+Under ``torch.distributed`` every rank draws the same global batch and trains on its slice;
+the token mean is global (token counts are summed over ranks) and FSDP averages gradients.
 """
 from __future__ import annotations
 
@@ -12,17 +21,16 @@ import math
 import random
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field, asdict
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
 
 from .batching import pad_left, pad_right, response_logits
-from .data import ProblemPool, prompt_ids
-from .kl import kl_loss, token_kl
-from .rollout import Rollout, sample
+from .codec import CHAR
+from .kl import LOSS_KINDS, kl_loss, token_kl
+from .rollout import sample
 from .tasks.base import Problem, Task
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -51,6 +59,8 @@ class RunConfig:
     warmup: int = 0
     weight_decay: float = 0.0
     data_seed: int = 0
+    micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = the whole batch
+    kl_chunk_size: int = 0  # full-vocabulary KL over this many positions at a time (memory); 0 = at once
 
     def __post_init__(self) -> None:
         if self.policy not in ("off", "on", "lambda"):
@@ -59,8 +69,8 @@ class RunConfig:
             self.lam = -1.0
         elif self.policy == "on":
             self.lam = 1.0
-        if self.kl not in ("forward", "reverse", "jsd", "k1", "k2", "k3"):
-            raise ValueError(f"kl must be one of forward, reverse, jsd, k1, k2, k3; got {self.kl!r}")
+        if self.kl not in LOSS_KINDS:
+            raise ValueError(f"kl must be one of {', '.join(LOSS_KINDS)}; got {self.kl!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not (self.lr > 0):
@@ -81,21 +91,61 @@ class RunResult:
     phase_s: dict[str, float] = field(default_factory=dict)
 
 
-def offpd_rollouts(teacher: torch.nn.Module, task: Task, pool: ProblemPool, n: int, temperature: float,
-                   seed: int, max_new_tokens: int, batch_size: int = 512,
-                   teacher_prompt: Callable[[Problem], str] | None = None) -> tuple[list[Problem], list[list[int]]]:
-    """Sample ``n`` teacher responses (token ids incl. </s>) to pool problems, once."""
+def _world() -> tuple[int, int]:
+    """(rank, world size) under ``torch.distributed``; (0, 1) in one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
+    """Elementwise sum over all processes (the values themselves in one process)."""
+    import torch.distributed as dist
+
+    rank, world = _world()
+    if world == 1:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+OFFPD_CHUNK = 512  # teacher prompts per OffPD sampling batch
+
+
+def offpd_rollouts(teacher: torch.nn.Module, task: Task, pool, n: int, temperature: float,
+                   seed: int, max_new_tokens: int, batch_size: int = OFFPD_CHUNK,
+                   teacher_prompt: Callable[[Problem], str] | None = None, codec=CHAR,
+                   teacher_system: str | None = None) -> tuple[list[Problem], list[list[int]]]:
+    """Sample ``n`` teacher responses (token ids incl. the stop id) to pool problems, once.
+
+    Chunk c of ``batch_size`` prompts is sampled with its own generator (seeded from ``seed`` and
+    c) by rank c % world, then the chunks are gathered in order: the pool is the same whatever
+    the number of processes. ``teacher_system``: a system turn only the teacher sees."""
+    import torch.distributed as dist
+
     rng = random.Random(f"offpd:{seed}")
     # distinct problems while the pool has enough, then with replacement
     problems = rng.sample(pool.problems, n) if n <= len(pool.problems) else [rng.choice(pool.problems) for _ in range(n)]
-    gen = torch.Generator().manual_seed(seed)
-    responses: list[list[int]] = []
     tp = teacher_prompt or (lambda p: p.prompt)
-    for i in range(0, n, batch_size):
-        chunk = problems[i:i + batch_size]
-        ro = sample(None, [prompt_ids(p.prompt) for p in chunk], max_new_tokens, lam=-1.0, teacher=teacher,
-                    teacher_prompts=[prompt_ids(tp(p)) for p in chunk], temperature=temperature, generator=gen)
-        responses.extend(ro.token_lists())
+    rank, world = _world()
+    stop_early = world == 1
+    chunks = list(range(0, n, batch_size))
+    local: list[tuple[int, list[list[int]]]] = []
+    for c in range(rank, len(chunks), world):
+        chunk = problems[chunks[c]:chunks[c] + batch_size]
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + c)
+        ro = sample(None, [codec.prompt(p.prompt) for p in chunk], max_new_tokens, lam=-1.0, teacher=teacher,
+                    teacher_prompts=[codec.prompt(tp(p), teacher_system) for p in chunk], temperature=temperature,
+                    generator=gen, codec=codec, stop_early=stop_early)
+        local.append((c, ro.token_lists()))
+    if world > 1:
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, local)
+        local = sorted((item for part in gathered for item in part), key=lambda x: x[0])
+    responses = [r for _, part in local for r in part]
     return problems, responses
 
 
@@ -113,8 +163,9 @@ class _OffPDTeacherLogits:
     """
 
     def __init__(self, teacher: torch.nn.Module, problems: list[Problem], responses: list[list[int]],
-                 teacher_prompt: Callable[[Problem], str]):
-        self.teacher, self.problems, self.responses, self.tp = teacher, problems, responses, teacher_prompt
+                 teacher_prompts: list[list[int]], codec=CHAR):
+        self.teacher, self.problems, self.responses, self.tp = teacher, problems, responses, teacher_prompts
+        self.codec = codec
         self.store: torch.Tensor | None = None
         self.filled = torch.zeros(len(responses), dtype=torch.bool)
 
@@ -122,7 +173,7 @@ class _OffPDTeacherLogits:
     def fits(teacher: torch.nn.Module, responses: list[list[int]]) -> bool:
         """Whether the cache for the whole pool stays under ``TEACHER_CACHE_BYTES``."""
         head = teacher.get_output_embeddings() if hasattr(teacher, "get_output_embeddings") else None
-        if head is None or not responses:
+        if head is None or not responses or _world()[1] > 1:  # sharded: every rank must run the same forwards
             return False
         vocab = head.weight.shape[0]
         item = next(teacher.parameters()).element_size()
@@ -133,10 +184,10 @@ class _OffPDTeacherLogits:
         rows reused logits (cached before, or computed once for an earlier row of this batch)."""
         missing = sorted({i for i in idx if not self.filled[i]})
         if missing:
-            tp, tpm = pad_left([prompt_ids(self.tp(self.problems[i])) for i in missing])
-            r, rm = pad_right([self.responses[i] for i in missing])
+            tp, tpm = pad_left([self.tp[i] for i in missing], self.codec.pad_id)
+            r, rm = pad_right([self.responses[i] for i in missing], pad_id=self.codec.pad_id)
             with torch.no_grad():
-                logits = response_logits(self.teacher, tp, tpm, r, rm)  # (M, R, V)
+                logits = response_logits(self.teacher, tp, tpm, r, rm, self.codec.vocab_size).cpu()  # (M, R, V)
             if self.store is None:
                 longest = max(1, max(len(x) for x in self.responses))
                 self.store = logits.new_empty((len(self.responses), longest, logits.shape[-1]))
@@ -170,24 +221,67 @@ def _fast_cpu_attention(*models: torch.nn.Module) -> Iterator[None]:
             m.set_attn_implementation("sdpa")
 
 
+def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of: Callable, cfg: RunConfig,
+          codec, n_total: float) -> tuple[torch.Tensor, list[float]]:
+    """Forward + backward of one batch slice in micro-batches; returns the summed (loss, forward
+    KL, reverse KL) over its tokens. Micro-batch m's token-mean loss is weighted by
+    ``world * n_m / n_total`` (``n_total``: the global token count), so the accumulated
+    gradient, averaged over ranks, is that of the global token mean."""
+    rows = batch["r"].shape[0]
+    mb = cfg.micro_batch_size or rows
+    _, world = _world()
+    sums = [0.0, 0.0, 0.0]
+    for i in range(0, rows, mb):
+        j = min(rows, i + mb)
+        r, rm = batch["r"][i:j], batch["rm"][i:j]
+        t_logits = t_logits_of(i, j)  # (b, R, V)
+        s_logits = response_logits(student, batch["sp"][i:j], batch["spm"][i:j], r, rm, codec.vocab_size)  # (b, R, V)
+        rm_d, r_d = rm.to(s_logits.device), r.to(s_logits.device)
+        t_logits = t_logits.to(s_logits.device)
+        loss = kl_loss(s_logits, t_logits, cfg.kl, rm_d, temperature=1.0, beta=cfg.jsd_beta, tokens=r_d,
+                       sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None)
+        n_m = float(rm.sum())
+        value = loss.item()
+        sums[0] += value * n_m
+        if not math.isfinite(value) and world == 1:
+            return loss, sums  # the run stops here (sharded, every rank still runs every backward)
+        weight = world * n_m / n_total
+        (loss if weight == 1.0 else loss * weight).backward()
+        with torch.no_grad():
+            sums[1] += float(token_kl(s_logits.detach(), t_logits, "forward", rm_d).sum())
+            sums[2] += float(token_kl(s_logits.detach(), t_logits, "reverse", rm_d).sum())
+        del s_logits, t_logits
+    return loss, sums
+
+
 def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg: RunConfig, *,
-            offpd: tuple[list[Problem], list[list[int]]] | None = None, pool: ProblemPool | None = None,
+            offpd: tuple[list[Problem], list[list[int]]] | None = None, pool=None,
             teacher_prompt: Callable[[Problem], str] | None = None, progress: bool = True,
-            desc: str | None = None) -> RunResult:
+            desc: str | None = None, codec=CHAR, teacher_system: str | None = None,
+            max_new_tokens: int | None = None) -> RunResult:
     """Train ``student`` in place (cast to ``cfg.dtype``) by distillation from frozen ``teacher``.
 
     ``offpd`` (problems, teacher responses) is required for policy "off"; ``pool`` (train
-    problems) for the others. ``teacher_prompt`` maps a problem to the teacher's prompt text
-    (default: the student's). Returns the per-step history; never raises on divergence: a
-    non-finite loss or parameter stops the run and marks it collapsed.
+    problems, ``kdlab.data.ProblemPool``) for the others. ``teacher_prompt`` maps a problem to
+    the teacher's prompt text (default: the student's); ``teacher_system`` is a system turn only
+    the teacher sees. ``codec`` renders prompts (default: kdlab's char tokenizer). Rollouts are
+    at most ``max_new_tokens`` (default: the task's). Returns the per-step history; never
+    raises on divergence: a non-finite loss or parameter stops the run and marks it collapsed.
     """
     t_start = time.perf_counter()
     phase = {"rollout": 0.0, "step": 0.0}
+    rank, world = _world()
     torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    dtype = DTYPES[cfg.dtype]
-    student.to(dtype)
+    rng = random.Random(cfg.seed)  # the global batch: identical on every rank
+    gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * rank)  # this rank's rollouts
+    if cfg.batch_size % world:
+        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of the number of processes {world}")
+    per_rank = cfg.batch_size // world
+    lo, hi = rank * per_rank, (rank + 1) * per_rank
+    max_new = max_new_tokens or task.max_new_tokens
+    if next(student.parameters()).dtype != DTYPES[cfg.dtype]:
+        student.to(DTYPES[cfg.dtype])
+    device = next(student.parameters()).device
     teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -196,73 +290,80 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     if cfg.policy != "off" and pool is None:
         raise ValueError(f"policy {cfg.policy!r} needs a pool of training problems (pool=...)")
     tp = teacher_prompt or (lambda p: p.prompt)
+    separate_teacher_prompt = teacher_prompt is not None or bool(teacher_system)
     params = list(student.parameters())
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
                             eps=1e-8)
     cache = None
     if cfg.policy == "off" and _OffPDTeacherLogits.fits(teacher, offpd[1]):
-        cache = _OffPDTeacherLogits(teacher, offpd[0], offpd[1], tp)
+        cache = _OffPDTeacherLogits(teacher, offpd[0], offpd[1],
+                                    [codec.prompt(tp(p), teacher_system) for p in offpd[0]], codec)
     history: list[dict[str, Any]] = []
     collapsed, collapse_step = False, None
-    bar = tqdm(range(cfg.steps), desc=desc or cfg.run_id, disable=not progress, leave=False)
+    bar = tqdm(range(cfg.steps), desc=desc or cfg.run_id, disable=not progress or rank > 0, leave=False)
     with _fast_cpu_attention(student, teacher):
         for step in bar:
             t0, c0 = time.perf_counter(), time.process_time()
             extra: dict[str, Any] = {}
             if cfg.policy == "off":
-                idx = [rng.randrange(len(offpd[0])) for _ in range(cfg.batch_size)]
+                idx = [rng.randrange(len(offpd[0])) for _ in range(cfg.batch_size)][lo:hi]
                 problems = [offpd[0][i] for i in idx]
-                responses = [offpd[1][i] for i in idx]
-                r, rm = pad_right(responses)
+                r, rm = pad_right([offpd[1][i] for i in idx], pad_id=codec.pad_id)
                 entropy = float("nan")
             else:
-                problems = pool.sample(cfg.batch_size, rng)
-            s_prompts = [prompt_ids(p.prompt) for p in problems]
-            t_prompts = s_prompts if teacher_prompt is None else [prompt_ids(tp(p)) for p in problems]
+                problems = pool.sample(cfg.batch_size, rng)[lo:hi]
+            s_prompts = [codec.prompt(p.prompt) for p in problems]
+            t_prompts = [codec.prompt(tp(p), teacher_system) for p in problems] if separate_teacher_prompt else s_prompts
             if cfg.policy != "off":
                 student.eval()
-                ro: Rollout = sample(student, s_prompts, task.max_new_tokens, lam=cfg.lam, teacher=teacher,
-                                     teacher_prompts=t_prompts, temperature=cfg.temperature,
-                                     logratio_clip=cfg.logratio_clip, plausibility_alpha=cfg.plausibility_alpha,
-                                     generator=gen)
+                ro = sample(student, s_prompts, max_new, lam=cfg.lam, teacher=teacher, teacher_prompts=t_prompts,
+                            temperature=cfg.temperature, logratio_clip=cfg.logratio_clip,
+                            plausibility_alpha=cfg.plausibility_alpha, generator=gen, codec=codec,
+                            stop_early=world == 1)
                 r, rm = ro.tokens, ro.mask
-                entropy = float((ro.entropy * rm).sum() / rm.sum().clamp(min=1))
+                ent_sum, ent_n = _sum_over_ranks([float((ro.entropy * rm).sum()), float(rm.sum())], device)
+                entropy = ent_sum / max(ent_n, 1.0)
             t1 = time.perf_counter()
-            sp, spm = pad_left(s_prompts)
+            sp, spm = pad_left(s_prompts, codec.pad_id)
             if cache is not None:
-                t_logits, hits = cache.batch(idx, r.shape[1])  # (B, R, V)
+                cached, hits = cache.batch(idx, r.shape[1])  # (B, R, V)
                 extra["teacher_cached"] = hits / len(idx)
+                t_logits_of = lambda i, j: cached[i:j]  # noqa: E731
             else:
-                tpids, tpm = pad_left(t_prompts)
-                with torch.no_grad():
-                    t_logits = response_logits(teacher, tpids, tpm, r, rm)  # (B, R, V)
-            if not student.training:
-                student.train()
-            s_logits = response_logits(student, sp, spm, r, rm)  # (B, R, V)
-            loss = kl_loss(s_logits, t_logits, cfg.kl, rm, temperature=1.0, beta=cfg.jsd_beta, tokens=r,
-                           sample_direction=cfg.sampled_direction)
+                tpids, tpm = pad_left(t_prompts, codec.pad_id)
+
+                def t_logits_of(i: int, j: int) -> torch.Tensor:
+                    with torch.no_grad():
+                        return response_logits(teacher, tpids[i:j], tpm[i:j], r[i:j], rm[i:j], codec.vocab_size)
             if cfg.warmup:
                 for g in opt.param_groups:
                     g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
             opt.zero_grad(set_to_none=True)
-            loss_val = loss.item()
+            if not student.training:
+                student.train()
+            (n_total,) = _sum_over_ranks([float(rm.sum())], device)
+            n_total = max(n_total, 1.0)
+            _, sums = _step(student, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total)
+            loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
+            loss_val = loss_sum / n_total
             if not math.isfinite(loss_val):
                 collapsed, collapse_step = True, step
                 history.append({"step": step, "loss": loss_val})
+                opt.zero_grad(set_to_none=True)
                 break
-            loss.backward()
             gnorm = torch.nn.utils.clip_grad_norm_(params,
                                                    cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
+            if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP2
+                gnorm = gnorm.full_tensor()
             opt.step()
-            with torch.no_grad():
-                n_tok = rm.sum().clamp(min=1)
-                fkl = float(token_kl(s_logits.detach(), t_logits, "forward", rm).sum() / n_tok)
-                rkl = float(token_kl(s_logits.detach(), t_logits, "reverse", rm).sum() / n_tok)
             finite = math.isfinite(float(gnorm)) and all(bool(torch.isfinite(p).all()) for p in params)
+            if world > 1:
+                (bad,) = _sum_over_ranks([0.0 if finite else 1.0], device)
+                finite = bad == 0.0
             t2 = time.perf_counter()
-            history.append({"step": step, "loss": loss_val, "forward_kl": fkl, "reverse_kl": rkl,
-                            "grad_norm": float(gnorm), "entropy": entropy,
-                            "length": float(rm.sum(-1).float().mean()), "lr": opt.param_groups[0]["lr"],
+            history.append({"step": step, "loss": loss_val, "forward_kl": fkl_sum / n_total,
+                            "reverse_kl": rkl_sum / n_total, "grad_norm": float(gnorm), "entropy": entropy,
+                            "length": n_total / cfg.batch_size, "lr": opt.param_groups[0]["lr"],
                             "time_s": t2 - t0, "cpu_s": time.process_time() - c0, **extra})
             phase["rollout"] += t1 - t0
             phase["step"] += t2 - t1
@@ -270,6 +371,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 collapsed, collapse_step = True, step
                 break
             bar.set_postfix(loss=f"{loss_val:.3f}")
+    opt.zero_grad(set_to_none=True)
     student.eval()
     return RunResult(history=history, collapsed=collapsed, collapse_step=collapse_step,
                      wall_s=time.perf_counter() - t_start, phase_s=phase)

@@ -42,9 +42,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
-import random
 import time
 import typing
 import hashlib
@@ -54,9 +52,13 @@ from typing import Any
 
 import torch
 
-from .hf import (DistillBatch, check_same_vocab, encode_prompts, evaluate_benchmarks, forgetting, hf_accuracy, hf_pass_at_ks,
-                 hf_sample, kd_logits, load_pretrained, make_batch, pad_id_of, shared_vocab_size, stop_ids)
-from .kl import LOSS_KINDS, kl_loss, token_kl
+from .codec import HFCodec
+from .data import ProblemPool
+from .distill import RunConfig, distill, offpd_rollouts
+from .evaluate import accuracy, pass_at_ks
+from .hf import check_same_vocab, load_pretrained
+from .io import write_json_atomic
+from .kl import LOSS_KINDS
 from .metrics import update_sparsity
 from .tasks.real import EVAL_ONLY, KINDS, RealTask, load_benchmarks, real_task
 
@@ -147,112 +149,18 @@ def shard(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
     return model
 
 
-def _write_json(path: Path, obj: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=float))
-    os.replace(tmp, path)
+def run_config(cfg: FSDPRunConfig, task: RealTask) -> RunConfig:
+    """The engine's configuration of this run (``kdlab.distill.RunConfig``)."""
+    return RunConfig(task=task.name, policy=cfg.policy, lam=cfg.lam, kl=cfg.kl, lr=cfg.lr, seed=cfg.seed,
+                     steps=cfg.steps, batch_size=cfg.batch_size, temperature=cfg.temperature, grad_clip=cfg.grad_clip,
+                     dtype=cfg.dtype, jsd_beta=cfg.jsd_beta, sampled_direction=cfg.sampled_direction,
+                     logratio_clip=cfg.logratio_clip, plausibility_alpha=cfg.plausibility_alpha,
+                     offpd_pool=cfg.offpd_pool, data_seed=cfg.data_seed, micro_batch_size=cfg.micro_batch_size,
+                     kl_chunk_size=cfg.kl_chunk_size or 0)
 
 
-def _sum_over_ranks(values: list[float], device: torch.device) -> list[float]:
-    """Elementwise sum over all processes (identity when not distributed)."""
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(t)
-    return t.tolist()
-
-
-def _offpd_pool(cfg: FSDPRunConfig, teacher: torch.nn.Module, train: list, ids: "_PromptIds", rank: int,
-                world: int, sample_kw: dict[str, Any], device: torch.device) -> list[tuple[int, list[int]]]:
-    """``offpd_pool`` (problem index, teacher response) pairs, the same whatever the number of
-    processes (on one device type): chunk c of ``rollout_batch`` problems is sampled with its own
-    seed by rank c % world, then all chunks are gathered in order."""
-    import torch.distributed as dist
-
-    rng = random.Random(f"offpd:{cfg.data_seed}")
-    chosen = [rng.randrange(len(train)) for _ in range(cfg.offpd_pool)]
-    chunks = [chosen[i:i + cfg.rollout_batch] for i in range(0, len(chosen), cfg.rollout_batch)]
-    local = []
-    for c in range(rank, len(chunks), world):
-        gen = torch.Generator(device).manual_seed(cfg.data_seed * 1_000_003 + c)
-        ro = hf_sample(None, teacher, [ids[j] for j in chunks[c]], cfg.max_new_tokens, -1.0, generator=gen,
-                       **sample_kw)
-        local.append((c, list(zip(chunks[c], ro.token_lists()))))
-    if world > 1:
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, local)
-        local = [item for part in gathered for item in part]
-    return [pair for _, part in sorted(local, key=lambda x: x[0]) for pair in part]
-
-
-class _PromptIds:
-    """Token ids of train problem j, encoded on first use (a training file may hold 10^6 rows)."""
-
-    def __init__(self, tok: Any, problems: list, max_tokens: int | None):
-        self.tok, self.problems, self.max_tokens = tok, problems, max_tokens
-        self.cache: dict[int, list[int]] = {}
-
-    def __getitem__(self, j: int) -> list[int]:
-        if j not in self.cache:
-            self.cache[j] = encode_prompts(self.tok, [self.problems[j].prompt], max_tokens=self.max_tokens)[0]
-        return self.cache[j]
-
-
-def _rows(batch: DistillBatch, i: int, j: int) -> DistillBatch:
-    return DistillBatch(*(getattr(batch, f.name)[i:j] for f in dataclasses.fields(batch)))
-
-
-def _step(student: torch.nn.Module, teacher: torch.nn.Module, batch: DistillBatch, opt: torch.optim.Optimizer,
-          cfg: FSDPRunConfig, vocab: int) -> dict[str, float]:
-    """One update on the token mean of the KL over the *global* batch, in micro-batches.
-
-    Micro-batch m on rank r contributes its token-mean KL times ``world * n_m / N`` (n_m its
-    response tokens, N the global total); FSDP averages gradients over ranks, so the summed
-    update is the gradient of the global token mean, as with one process and the whole batch.
-    Every rank runs the same backward passes (the same collectives); a non-finite global loss
-    then skips the update on all ranks alike.
-    """
-    device = batch.response.device
-    world = _world()
-    rows = batch.response.shape[0]
-    mb = cfg.micro_batch_size or rows
-    (n_total,) = _sum_over_ranks([float(batch.response_mask.sum())], device)
-    n_total = max(n_total, 1.0)
-    sums = [0.0, 0.0, 0.0]  # loss, forward KL, reverse KL, summed over this rank's tokens
-    student.train()
-    opt.zero_grad(set_to_none=True)
-    for i in range(0, rows, mb):
-        sub = _rows(batch, i, i + mb)
-        mask = sub.response_mask
-        s, t = kd_logits(student, teacher, sub, vocab)
-        loss = kl_loss(s, t, cfg.kl, mask, tokens=sub.response, beta=cfg.jsd_beta,
-                       sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size)
-        n_m = float(mask.sum())
-        with torch.no_grad():
-            sums[0] += float(loss.detach()) * n_m
-            sums[1] += float(token_kl(s.detach(), t, "forward", mask).sum())
-            sums[2] += float(token_kl(s.detach(), t, "reverse", mask).sum())
-        (loss * (world * n_m / n_total)).backward()
-        del s, t, loss
-    loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
-    out = {"loss": loss_sum / n_total, "forward_kl": fkl_sum / n_total, "reverse_kl": rkl_sum / n_total,
-           "length": n_total / cfg.batch_size, "grad_norm": float("nan")}
-    if math.isfinite(out["loss"]):
-        gnorm = torch.nn.utils.clip_grad_norm_(student.parameters(),
-                                               cfg.grad_clip if cfg.grad_clip is not None else math.inf)
-        out["grad_norm"] = float(gnorm.full_tensor() if hasattr(gnorm, "full_tensor") else gnorm)
-        opt.step()
-    opt.zero_grad(set_to_none=True)
-    student.eval()
-    return out
-
-
-def _world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+# What a rank's history keeps: the global quantities, identical on every rank (not its timings).
+GLOBAL_KEYS = ("step", "loss", "forward_kl", "reverse_kl", "grad_norm", "entropy", "length", "lr")
 
 
 def run(cfg: FSDPRunConfig) -> list[dict[str, Any]]:
@@ -279,15 +187,12 @@ def run(cfg: FSDPRunConfig) -> list[dict[str, Any]]:
     if cfg.policy == "off" and cfg.offpd_pool % (cfg.rollout_batch * world):
         raise ValueError(f"offpd_pool {cfg.offpd_pool} must be a multiple of rollout_batch * processes = "
                          f"{cfg.rollout_batch} * {world}")
-    per_rank = cfg.batch_size // world
     sharded = world > 1
     torch.manual_seed(cfg.seed)
 
     student, tok = load_pretrained(cfg.student, cfg.dtype, "cpu", gradient_checkpointing=cfg.gradient_checkpointing)
     teacher, t_tok = load_pretrained(cfg.teacher, cfg.dtype, "cpu")
     check_same_vocab(t_tok, tok, names=("teacher", "student"))
-    vocab = shared_vocab_size(tok, student, teacher)
-    pad, eos = pad_id_of(tok), sorted(set(stop_ids(tok, student)) | set(stop_ids(t_tok, teacher)))
     for p in teacher.parameters():
         p.requires_grad_(False)
     if sharded:
@@ -303,39 +208,22 @@ def run(cfg: FSDPRunConfig) -> list[dict[str, Any]]:
         student.to(device)
         teacher.to(device)
     teacher.eval()
-    opt = torch.optim.AdamW(student.parameters(), lr=cfg.lr, weight_decay=0.0, betas=(0.9, 0.999), eps=1e-8)
+    codec = HFCodec.of(tok, student, teacher, max_prompt_tokens=cfg.max_prompt_tokens or None,
+                       eval_batch_size=cfg.eval_batch_size)
 
     task = real_task(cfg.task_kind, cfg.task_path, max_new_tokens=cfg.max_new_tokens)
-    train = task.problems("train", task.capacity("train"), seed=cfg.data_seed)
-    if not train:
+    if not task.capacity("train"):
         raise ValueError(f"task_path {cfg.task_path!r} has no train-split rows")
-    ids = _PromptIds(tok, train, cfg.max_prompt_tokens or None)
-    sample_kw = dict(pad_id=pad, eos_id=eos, vocab_size=vocab, temperature=cfg.temperature,
-                     logratio_clip=cfg.logratio_clip, plausibility_alpha=cfg.plausibility_alpha,
-                     stop_early=not sharded)  # sharded forwards are collective: run in lockstep
-
-    pool = _offpd_pool(cfg, teacher, train, ids, rank, world, sample_kw, device) if cfg.policy == "off" else []
-    history: list[dict[str, Any]] = []
-    for step in range(cfg.steps):
-        rng = random.Random(f"{cfg.seed}:{step}")
-        if cfg.policy == "off":
-            items = [pool[rng.randrange(len(pool))] for _ in range(cfg.batch_size)][rank * per_rank:(rank + 1) * per_rank]
-            prompts, responses = [ids[j] for j, _ in items], [r for _, r in items]
-        else:
-            idx = [rng.randrange(len(train)) for _ in range(cfg.batch_size)][rank * per_rank:(rank + 1) * per_rank]
-            prompts = [ids[j] for j in idx]
-            gen = torch.Generator(device).manual_seed((cfg.seed * 1_000_003 + step) * 1000 + rank)
-            responses = hf_sample(student, teacher, prompts, cfg.max_new_tokens, cfg.lam, generator=gen,
-                                  **sample_kw).token_lists()
-        batch = make_batch(prompts, responses, pad_id=pad, device=device)
-        out = _step(student, teacher, batch, opt, cfg, vocab)
-        out["step"] = step
-        history.append(out)
-        if not math.isfinite(out["loss"]):
-            break
+    pool = ProblemPool(task, "train", task.capacity("train"), seed=cfg.data_seed)
+    rc = run_config(cfg, task)
+    offpd = (offpd_rollouts(teacher, task, pool, cfg.offpd_pool, cfg.temperature, seed=cfg.data_seed,
+                            max_new_tokens=cfg.max_new_tokens, batch_size=cfg.rollout_batch, codec=codec)
+             if cfg.policy == "off" else None)
+    result = distill(student, teacher, task, rc, offpd=offpd, pool=pool, codec=codec, progress=False)
+    history = [{k: h[k] for k in GLOBAL_KEYS if k in h} for h in result.history]
 
     out_dir = Path(cfg.out_dir)
-    _write_json(out_dir / f"rank{rank}.json", history)
+    write_json_atomic(out_dir / f"rank{rank}.json", history)
     state = _full_state(student, sharded)  # collective when sharded; empty on ranks > 0
     acc.wait_for_everyone()
     if sharded:
@@ -353,23 +241,22 @@ def run(cfg: FSDPRunConfig) -> list[dict[str, Any]]:
         tok.save_pretrained(str(out_dir / "student"))
     metrics: dict[str, Any] = {**asdict(cfg), "world_size": world, "steps_done": len(history),
                                "final_loss": history[-1]["loss"] if history else float("nan"),
-                               "collapsed": bool(history) and not math.isfinite(history[-1]["loss"]),
-                               "train_s": time.perf_counter() - t0}
+                               "collapsed": result.collapsed, "train_s": time.perf_counter() - t0}
     if cfg.evaluate:
         t_eval = time.perf_counter()
-        after = evaluate_student(student, tok, cfg, task)
-        base = base_evaluation(cfg, task, device)
+        after = evaluate_student(student, codec, cfg, task)
+        base = base_evaluation(cfg, task, device, codec)
         metrics.update(after)
         metrics.update({f"base_{k}": v for k, v in base.items()})
         if "benchmark_mean" in after:
-            metrics["forgetting"] = forgetting(base, after)
+            metrics["forgetting"] = after["benchmark_mean"] - base["benchmark_mean"]
         init = load_pretrained(cfg.student, cfg.dtype, "cpu")[0]
         metrics["sparsity"] = update_sparsity(_cpu_params(init), _cpu_params(student))
         metrics["sparsity_dtype"] = cfg.dtype
         metrics["eval_s"] = time.perf_counter() - t_eval
     metrics["wall_s"] = time.perf_counter() - t0
-    _write_json(out_dir / "history.json", history)
-    _write_json(out_dir / "metrics.json", metrics)
+    write_json_atomic(out_dir / "history.json", history)
+    write_json_atomic(out_dir / "metrics.json", metrics)
     return history
 
 
@@ -392,42 +279,44 @@ def held_out(cfg: FSDPRunConfig, task: RealTask) -> tuple[RealTask, list]:
     return test_task, problems
 
 
-def evaluate_student(model: torch.nn.Module, tok: Any, cfg: FSDPRunConfig, task: RealTask) -> dict[str, float]:
+def evaluate_student(model: torch.nn.Module, codec: HFCodec, cfg: FSDPRunConfig, task: RealTask) -> dict[str, float]:
     """Held-out greedy accuracy, pass@k (if ``pass_n``) and benchmark scores of one model."""
     max_new = cfg.eval_max_new_tokens or None
     test_task, problems = held_out(cfg, task)
-    out = {"accuracy": hf_accuracy(model, tok, test_task, problems, max_new_tokens=max_new,
-                                   batch_size=cfg.eval_batch_size)}
+    out = {"accuracy": accuracy(model, test_task, problems, codec=codec, max_new_tokens=max_new)}
     if cfg.pass_n:
         ks = tuple(k for k in (1, 10) if k <= cfg.pass_n)
-        pk = hf_pass_at_ks(model, tok, test_task, problems[:cfg.pass_problems], cfg.pass_n, ks,
-                           temperature=cfg.temperature, seed=cfg.seed, max_new_tokens=max_new,
-                           batch_size=cfg.eval_batch_size)
+        pk = pass_at_ks(model, test_task, problems[:cfg.pass_problems], cfg.pass_n, ks, temperature=cfg.temperature,
+                        seed=cfg.seed, codec=codec, max_new_tokens=max_new)
         out.update({f"pass_at_{k}": v for k, v in pk.items()})
     if cfg.benchmarks:
-        scores = evaluate_benchmarks(model, tok, load_benchmarks(cfg.benchmarks), cfg.n_benchmark or None,
-                                     max_new_tokens=max_new, batch_size=cfg.eval_batch_size)
-        out.update({("benchmark_mean" if k == "benchmark_mean" else f"bench_{k}"): v for k, v in scores.items()})
+        scores = []
+        for bench in load_benchmarks(cfg.benchmarks):
+            count = bench.capacity("test") if not cfg.n_benchmark else cfg.n_benchmark
+            s = accuracy(model, bench, bench.problems("test", count, seed=0), codec=codec, max_new_tokens=max_new)
+            out[f"bench_{bench.name}"] = s
+            scores.append(s)
+        out["benchmark_mean"] = sum(scores) / len(scores)
     return out
 
 
-def base_evaluation(cfg: FSDPRunConfig, task: RealTask, device: torch.device) -> dict[str, float]:
+def base_evaluation(cfg: FSDPRunConfig, task: RealTask, device: torch.device, codec: HFCodec) -> dict[str, float]:
     """The student base's ``evaluate_student`` scores, cached in ``base_eval_cache`` (keyed by the
     base's weights file stamp and every evaluation setting) so a sweep evaluates it once."""
-    weights = sorted(Path(cfg.student).glob("*.safetensors"))
-    stamp = [(w.name, w.stat().st_size, w.stat().st_mtime_ns) for w in weights]
+    from .materials import model_id
+
     keys = ("eval_path", "task_path", "task_kind", "n_eval", "pass_n", "pass_problems", "benchmarks", "n_benchmark",
             "eval_max_new_tokens", "max_new_tokens", "temperature", "seed", "dtype")
-    key = hashlib.sha256(json.dumps([str(Path(cfg.student).resolve()), stamp, {k: getattr(cfg, k) for k in keys}],
+    key = hashlib.sha256(json.dumps([model_id(cfg.student), {k: getattr(cfg, k) for k in keys}],
                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cfg.base_eval_cache) / f"base-{key}.json" if cfg.base_eval_cache else None
     if path is not None and path.exists():
         return json.loads(path.read_text())
-    base, tok = load_pretrained(cfg.student, cfg.dtype, device)
-    result = evaluate_student(base, tok, cfg, task)
+    base, _ = load_pretrained(cfg.student, cfg.dtype, device)
+    result = evaluate_student(base, codec, cfg, task)
     del base
     if path is not None:
-        _write_json(path, result)
+        write_json_atomic(path, result)
     return result
 
 

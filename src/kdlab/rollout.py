@@ -74,24 +74,30 @@ def _cache_kwarg(model: torch.nn.Module) -> str:
 
 
 class _Stepper:
-    """One model with its own prompt and KV cache, fed one shared token per step (any HF causal LM)."""
+    """One model with its own prompt and KV cache, fed one shared token per step (any HF causal LM,
+    any device). ``last`` holds the float32 logits (B, V) cut to ``vocab_size``."""
 
-    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], pad_id: int = PAD_ID):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], pad_id: int = PAD_ID,
+                 vocab_size: int | None = None):
+        self.model, self.vocab_size = model, vocab_size
         self.kw = _cache_kwarg(model)
+        params = inspect.signature(model.forward).parameters
+        extra = {"logits_to_keep": 1} if "logits_to_keep" in params else {}  # no (B, P, V) prefill logits
+        device = next(model.parameters()).device
         ids, mask = pad_left(prompts, pad_id)
-        self.mask = mask
-        out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=True)
+        ids, self.mask = ids.to(device), mask.to(device)
+        out = model(input_ids=ids, attention_mask=self.mask.long(), position_ids=positions(self.mask), use_cache=True,
+                    **extra)
         self.cache = getattr(out, self.kw)
-        self.last = out.logits[:, -1].float()  # (B, V)
-        self.next_pos = mask.sum(-1, keepdim=True)  # (B, 1)
+        self.last = out.logits[:, -1, :vocab_size].float()  # (B, V)
+        self.next_pos = self.mask.sum(-1, keepdim=True)  # (B, 1)
 
     def feed(self, tok: torch.Tensor) -> None:  # tok (B,)
         self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
-        out = self.model(input_ids=tok[:, None], attention_mask=self.mask.long(), position_ids=self.next_pos,
-                         use_cache=True, **{self.kw: self.cache})
+        out = self.model(input_ids=tok[:, None].to(self.mask.device), attention_mask=self.mask.long(),
+                         position_ids=self.next_pos, use_cache=True, **{self.kw: self.cache})
         self.cache = getattr(out, self.kw)
-        self.last = out.logits[:, -1].float()
+        self.last = out.logits[:, -1, :self.vocab_size].float()
         self.next_pos = self.next_pos + 1
 
 
@@ -114,7 +120,8 @@ def _fast_decoding_supported(model: torch.nn.Module) -> bool:
     norms = (inner.norm, layer.input_layernorm, layer.post_attention_layernorm)
     if not all(hasattr(x, "weight") and hasattr(x, "variance_epsilon") for x in norms):
         return False
-    return next(model.parameters()).device.type == "cpu"
+    first = next(model.parameters())
+    return first.device.type == "cpu" and type(first) is torch.nn.Parameter  # not an FSDP shard (DTensor)
 
 
 def _rotate_half_rows(w: torch.Tensor, dim: int) -> torch.Tensor:
@@ -142,8 +149,10 @@ class _StaticStepper:
     bf16 matmuls are several times slower on CPU).
     """
 
-    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int = PAD_ID):
+    def __init__(self, model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int = PAD_ID,
+                 vocab_size: int | None = None):
         inner = model.model
+        self.vocab_size = vocab_size
         self.embed, self.rope, self.head = inner.embed_tokens, inner.rotary_emb, model.lm_head
         self.norm = (inner.norm.weight, inner.norm.variance_epsilon)
         attn = inner.layers[0].self_attn
@@ -220,17 +229,19 @@ class _StaticStepper:
             gate, up = F.linear(self._rms(h, norm2), *gate_up).chunk(2, dim=-1)
             h = h + F.linear(act(gate) * up, *down)
         self.length = end
-        return self.head(self._rms(h[:, -1], self.norm))
+        return self.head(self._rms(h[:, -1], self.norm))[:, :self.vocab_size]
 
     def feed(self, tok: torch.Tensor) -> None:  # tok (B,)
         self.last = self._run(tok[:, None], self.next_pos, self.key_bias[:, :, :self.length + 1]).float()
         self.next_pos = self.next_pos + 1
 
 
-def _stepper(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int):
+def _stepper(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int,
+             vocab_size: int | None):
+    """The fast CPU decoder where it reproduces ``model``, else the generic KV-cached one."""
     if _fast_decoding_supported(model):
-        return _StaticStepper(model, prompts, max_new_tokens, pad_id)
-    return _Stepper(model, prompts, pad_id)
+        return _StaticStepper(model, prompts, max_new_tokens, pad_id, vocab_size)
+    return _Stepper(model, prompts, pad_id, vocab_size)
 
 
 @torch.no_grad()
@@ -238,15 +249,21 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
            lam: float = 1.0, teacher: torch.nn.Module | None = None, teacher_prompts: list[list[int]] | None = None,
            temperature: float = 1.0, greedy: bool = False, logratio_clip: float | None = None,
            plausibility_alpha: float | None = None, generator: torch.Generator | None = None,
-           pad_id: int = PAD_ID, eos_id: int | Sequence[int] = EOS_ID) -> Rollout:
-    """Sample one response per prompt under pi_lambda.
+           pad_id: int = PAD_ID, eos_id: int | Sequence[int] = EOS_ID, vocab_size: int | None = None,
+           codec=None, stop_early: bool = True) -> Rollout:
+    """Sample one response per prompt under pi_lambda, on the models' device.
 
     ``student_prompts`` / ``teacher_prompts`` are token-id lists (with <s>); teacher prompts
     default to the student's. ``greedy`` takes the argmax of pi_lambda. Temperature divides
     both models' logits before they are mixed. ``pad_id`` fills prompt padding and the columns
-    after a row's stop; ``eos_id`` is the stop id, or several (real tokenizers: see
-    ``kdlab.hf.pad_id_of`` / ``kdlab.hf.stop_ids``); defaults are kdlab's char tokenizer's.
+    after a row's stop; ``eos_id`` is the stop id, or several; logits are cut to ``vocab_size``
+    ids. ``codec`` (``kdlab.codec``) gives all three at once; the defaults are kdlab's char
+    tokenizer's. ``generator``: on the models' device or on the CPU. ``stop_early``: stop once
+    every row has stopped (off under FSDP, where every rank runs the same number of forwards).
+    The rollout comes back on the CPU.
     """
+    if codec is not None:
+        pad_id, eos_id, vocab_size = codec.pad_id, codec.stop_ids, codec.vocab_size
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not greedy and temperature <= 0:
@@ -261,15 +278,16 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     if len(teacher_prompts) != len(student_prompts):
         raise ValueError("teacher_prompts and student_prompts differ in length")
     steppers = {}
-    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), dtype=torch.long)
+    device = next((student if need_s else teacher).parameters()).device
+    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), dtype=torch.long, device=device)
     if stops.numel() == 0:
         raise ValueError("eos_id must name at least one stop id, got an empty sequence")
     if need_s:
-        steppers["s"] = _stepper(student, student_prompts, max_new_tokens, pad_id)
+        steppers["s"] = _stepper(student, student_prompts, max_new_tokens, pad_id, vocab_size)
     if need_t:
-        steppers["t"] = _stepper(teacher, teacher_prompts, max_new_tokens, pad_id)
+        steppers["t"] = _stepper(teacher, teacher_prompts, max_new_tokens, pad_id, vocab_size)
     B = len(student_prompts)
-    done = torch.zeros(B, dtype=torch.bool)
+    done = torch.zeros(B, dtype=torch.bool, device=device)
     toks, ents, alive = [], [], []
     temp = 1.0 if greedy else temperature
     for step in range(max_new_tokens):
@@ -281,10 +299,10 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
         toks.append(tok)
         ents.append(torch.where(done, torch.zeros_like(ent), ent))
         done = done | torch.isin(tok, stops)
-        if bool(done.all()) or step == max_new_tokens - 1:
+        if step == max_new_tokens - 1 or (stop_early and bool(done.all())):
             break
         for st in steppers.values():
             st.feed(tok)
-    tokens = torch.stack(toks, 1)  # (B, R)
-    mask = torch.stack(alive, 1)  # sampled tokens up to and including the first </s>
-    return Rollout(tokens=tokens, mask=mask, entropy=torch.stack(ents, 1))
+    tokens = torch.stack(toks, 1).cpu()  # (B, R)
+    mask = torch.stack(alive, 1).cpu()  # sampled tokens up to and including the first stop
+    return Rollout(tokens=tokens, mask=mask, entropy=torch.stack(ents, 1).cpu())

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -17,27 +15,19 @@ from typing import Any, Callable
 
 import torch
 
+from . import materials
+from .codec import CHAR
 from .config import Profile
 from .data import ProblemPool
-from .distill import RunConfig, distill, offpd_rollouts
+from .distill import DTYPES, RunConfig, distill, offpd_rollouts
 from .evaluate import accuracy, pass_at_ks
+from .io import write_atomic, write_json_atomic
 from .metrics import update_sparsity
-from .models import checkpoint_meta, load_checkpoint, save_checkpoint
-from .tasks import get_task, probe_tasks
+from .models import load_checkpoint, save_checkpoint
+from .tasks import get_task
 from .tasks.base import Problem, held_out
-from .teachers import model_paths
 
 TRAIN_POOL = 5000  # distinct training problems a run draws its prompts from
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=float)
-    os.chmod(tmp, 0o644)  # mkstemp files are private
-    os.replace(tmp, path)
 
 
 def run_config_from(profile: Profile, *, task: str | None = None, policy: str = "off", lam: float | None = None,
@@ -49,79 +39,85 @@ def run_config_from(profile: Profile, *, task: str | None = None, policy: str = 
                      lr=lr if lr is not None else profile.grid.lrs[0], seed=seed, steps=d.steps,
                      batch_size=d.batch_size, temperature=d.temperature, grad_clip=d.grad_clip, dtype=d.dtype,
                      jsd_beta=d.jsd_beta, sampled_direction=d.sampled_direction, logratio_clip=d.logratio_clip, plausibility_alpha=d.plausibility_alpha,
-                     offpd_pool=d.offpd_pool, warmup=d.warmup, weight_decay=d.weight_decay, data_seed=profile.data_seed)
+                     offpd_pool=d.offpd_pool, warmup=d.warmup, weight_decay=d.weight_decay, data_seed=profile.data_seed,
+                     micro_batch_size=profile.pretrained.micro_batch_size, kl_chunk_size=profile.pretrained.kl_chunk_size)
 
 
 def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, seed: int = 0) -> dict[str, float]:
-    """Held-out accuracy, pass@k, harder variants and probe scores of one model (fractions).
+def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, seed: int = 0,
+                   codec=CHAR) -> dict[str, float]:
+    """Held-out accuracy, pass@k, harder variants and forgetting-set scores of one model (fractions).
 
     Keys: ``accuracy`` (greedy pass@1 on ``eval.n_test`` test problems), ``pass_at_<k>`` for each
     k of ``eval.pass_ks`` up to ``eval.pass_n`` (unbiased estimator from ``pass_n`` samples on the
     first ``pass_problems`` of them), per harder variant ``<variant>_accuracy`` and, with
-    ``eval.harder_pass``, ``<variant>_pass_at_<k>``; ``probe_<skill>`` and ``probe_mean``."""
+    ``eval.harder_pass``, ``<variant>_pass_at_<k>``; ``probe_<name>`` for each member of the
+    forgetting set (``kdlab.materials.forgetting_sets``: the toy probes or the benchmark files)
+    and ``probe_mean``."""
     ev = profile.eval
-    task = get_task(task_name, trace=profile.trace)
+    task, test = materials.test_set(profile, task_name, ev.n_test)
     out: dict[str, float] = {}
-    test = held_out(task, ev.n_test, seed=profile.data_seed)
-    out["accuracy"] = accuracy(model, task, test)
+    out["accuracy"] = accuracy(model, task, test, codec=codec)
     ks = tuple(sorted({k for k in ev.pass_ks if k <= ev.pass_n}))
-    pk = pass_at_ks(model, task, test[:ev.pass_problems], n=ev.pass_n, ks=ks, temperature=ev.temperature, seed=seed)
+    pk = pass_at_ks(model, task, test[:ev.pass_problems], n=ev.pass_n, ks=ks, temperature=ev.temperature, seed=seed,
+                    codec=codec)
     for k, v in pk.items():
         out[f"pass_at_{k}"] = v
     for h in ev.harder:
         if h != task_name and task_name.startswith("countdown"):
             ht = get_task(h, trace=profile.trace)
             hard_test = held_out(ht, ev.n_test, seed=profile.data_seed)
-            out[f"{h}_accuracy"] = accuracy(model, ht, hard_test)
+            out[f"{h}_accuracy"] = accuracy(model, ht, hard_test, codec=codec)
             if ev.harder_pass:
                 hk = pass_at_ks(model, ht, hard_test[:ev.pass_problems], n=ev.pass_n, ks=ks,
-                                temperature=ev.temperature, seed=seed)
+                                temperature=ev.temperature, seed=seed, codec=codec)
                 out.update({f"{h}_pass_at_{k}": v for k, v in hk.items()})
     scores = []
-    for p in probe_tasks():
-        s = accuracy(model, p, held_out(p, ev.n_probe, seed=profile.data_seed))
-        out[f"probe_{p.skill}"] = s
+    for name, ptask, problems in materials.forgetting_sets(profile):
+        s = accuracy(model, ptask, problems, codec=codec)
+        out[f"probe_{name}"] = s
         scores.append(s)
-    out["probe_mean"] = sum(scores) / len(scores)
+    out["probe_mean"] = sum(scores) / len(scores) if scores else float("nan")
     return out
 
 
 def base_evaluation(profile: Profile, student_dir: Path, task_name: str, cache_root: Path) -> dict[str, float]:
     """The student base's evaluation, computed once per (base, task, eval settings) and cached."""
-    sha = checkpoint_meta(student_dir).get("sha256", str(student_dir))
-    path = cache_root / "base_eval" / f"{task_name}-{_key(sha, task_name, asdict(profile.eval), profile.trace, profile.data_seed)}.json"
+    forgetting = asdict(profile.pretrained) if materials.is_real(profile) else None
+    path = cache_root / "base_eval" / (f"{task_name}-" + _key(materials.model_id(student_dir), task_name,
+                                                              asdict(profile.eval), profile.trace, profile.data_seed,
+                                                              *([forgetting] if forgetting else [])) + ".json")
     if path.exists():
         return json.loads(path.read_text())
-    model = load_checkpoint(student_dir)
-    result = evaluate_model(model, profile, task_name)
+    model, codec = materials.load_model(profile, student_dir, profile.distill.dtype if materials.is_real(profile) else "fp32")
+    result = evaluate_model(model, profile, task_name, codec=codec)
     write_json_atomic(path, result)
     return result
 
 
 def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teacher_dir: Path, task, pool: ProblemPool,
-                cache_root: Path, teacher_prompt: Callable[[Problem], str] | None = None):
+                cache_root: Path, teacher_prompt: Callable[[Problem], str] | None = None, codec=CHAR):
     """Teacher rollouts for OffPD, sampled once per (teacher, task, data seed, size, temperature,
     instructed or not). ``teacher_prompt`` maps a problem to the teacher's prompt (the style
     experiment's instruction); the student trains on the rollouts under its own prompt."""
-    sha = checkpoint_meta(teacher_dir).get("sha256", str(teacher_dir))
-    parts = (sha, cfg.task, cfg.data_seed, cfg.offpd_pool, cfg.temperature, profile.trace, TRAIN_POOL)
+    parts = (materials.model_id(teacher_dir), cfg.task, cfg.data_seed, cfg.offpd_pool, cfg.temperature, profile.trace,
+             TRAIN_POOL)
     parts += ("instructed",) if teacher_prompt is not None else ()
+    system = materials.teacher_system(profile)
+    parts += (("system", system),) if system else ()
     path = cache_root / "offpd" / f"{cfg.task}-{_key(*parts)}.pt"
     keys = {p.key: p for p in pool.problems}
     if path.exists():
         blob = torch.load(path, weights_only=False)
         return [keys[k] for k in blob["keys"]], blob["responses"]
     problems, responses = offpd_rollouts(teacher, task, pool, cfg.offpd_pool, cfg.temperature, seed=cfg.data_seed,
-                                         max_new_tokens=task.max_new_tokens, teacher_prompt=teacher_prompt)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    os.close(fd)
-    torch.save({"keys": [p.key for p in problems], "responses": responses}, tmp)
-    os.replace(tmp, path)
+                                         max_new_tokens=task.max_new_tokens, teacher_prompt=teacher_prompt, codec=codec,
+                                         teacher_system=system,
+                                         batch_size=512 if codec is CHAR else codec.eval_batch_size)
+    write_atomic(path, lambda tmp: torch.save({"keys": [p.key for p in problems], "responses": responses}, tmp))
     return problems, responses
 
 
@@ -152,8 +148,8 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     t0 = time.perf_counter()
     out_dir, models_root = Path(out_dir), Path(models_root)
     cache_root = models_root.parent / "cache"
-    paths = model_paths(profile, models_root, progress=progress, train=train_missing)
-    task = get_task(cfg.task, trace=profile.trace)
+    paths = materials.model_paths(profile, models_root, progress=progress, train=train_missing)
+    task = materials.target_task(profile, cfg.task)
     t_eval0 = time.perf_counter()
     base = base_evaluation(profile, paths["student"], cfg.task, cache_root)
     base_eval_s = time.perf_counter() - t_eval0
@@ -167,20 +163,20 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
         teacher_dir = style_teacher_path(profile, models_root, progress=progress, train=train_missing)
     else:
         teacher_dir = paths[cfg.task]
-    teacher = load_checkpoint(teacher_dir, dtype=torch.bfloat16)
-    student = load_checkpoint(paths["student"])
+    student, teacher, codec = materials.load_pair(profile, paths["student"], teacher_dir, cfg.dtype)
     base_style = {f"base_{k}": v for k, v in style_metrics(student, profile).items()} if style else {}
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=cfg.data_seed)
     t_off0 = time.perf_counter()
-    offpd = (offpd_cache(profile, cfg, teacher, teacher_dir, task, pool, cache_root, teacher_prompt=teacher_prompt)
-             if cfg.policy == "off" else None)
+    offpd = (offpd_cache(profile, cfg, teacher, teacher_dir, task, pool, cache_root, teacher_prompt=teacher_prompt,
+                         codec=codec) if cfg.policy == "off" else None)
     offpd_s = time.perf_counter() - t_off0
-    dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[cfg.dtype]
+    dtype = DTYPES[cfg.dtype]
     before = {k: v.detach().to(dtype).clone() for k, v in student.named_parameters()}
     result = distill(student, teacher, task, cfg, offpd=offpd, pool=pool, teacher_prompt=teacher_prompt,
-                     progress=progress)
+                     progress=progress, codec=codec, teacher_system=materials.teacher_system(profile))
+    del teacher
     t_ev = time.perf_counter()
-    after = evaluate_model(student, profile, cfg.task, seed=cfg.seed)
+    after = evaluate_model(student, profile, cfg.task, seed=cfg.seed, codec=codec)
     if style:
         after.update(style_metrics(student, profile))
     eval_s = time.perf_counter() - t_ev
@@ -191,6 +187,8 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
         "sampled_direction": cfg.sampled_direction if cfg.kl in ("k1", "k2", "k3") else None, "jsd_beta": cfg.jsd_beta,
         "batch_size": cfg.batch_size, "temperature": cfg.temperature,
         "experiment": "style" if style else "grid",
+        **materials.describe(profile, {**paths, cfg.task: teacher_dir}, cfg.task),
+        "micro_batch_size": cfg.micro_batch_size, "kl_chunk_size": cfg.kl_chunk_size,
         **after,
         **{f"base_{k}": v for k, v in base.items()}, **base_style,
         "forgetting": after["probe_mean"] - base["probe_mean"],
@@ -206,7 +204,13 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     }
     write_json_atomic(out_dir / "history.json", result.history)
     if save_student:
-        save_checkpoint(student, out_dir / "student", {"run": asdict(cfg)})
+        if materials.is_real(profile):
+            from .io import write_dir_atomic
+
+            write_dir_atomic(out_dir / "student", lambda d: (student.save_pretrained(str(d)),
+                                                             codec.tokenizer.save_pretrained(str(d))))
+        else:
+            save_checkpoint(student, out_dir / "student", {"run": asdict(cfg)})
     write_json_atomic(out_dir / "config.json", asdict(cfg))
     write_json_atomic(out_dir / "metrics.json", metrics)
     return metrics
@@ -224,7 +228,8 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
 
     out_dir = Path(out_dir)
     r = profile.rlvr
-    start_dir = model_paths(profile, models_root, progress=progress)["student"] if str(start) == "base" else Path(start)
+    start_dir = (materials.model_paths(profile, models_root, progress=progress)["student"] if str(start) == "base"
+                 else Path(start))
     model = load_checkpoint(start_dir)
     task = get_task(r.task, trace=profile.trace)
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=profile.data_seed)
@@ -239,7 +244,7 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
                "initial_accuracy": result["initial_accuracy"], "final_accuracy": result["final_accuracy"],
                "best_accuracy": max(evals) if evals else result["final_accuracy"],
                "collapsed": result["collapsed"], "collapse_step": result["collapse_step"], "nan": result["nan"],
-               "wall_s": result["wall_s"], "start_sha256": checkpoint_meta(start_dir).get("sha256"), **(info or {})}
+               "wall_s": result["wall_s"], "start_sha256": materials.model_id(start_dir), **(info or {})}
     tail = result["history"][-max(1, len(result["history"]) // 10):]
     metrics["final_reward"] = sum(h["reward_mean"] for h in tail) / len(tail) if tail else float("nan")
     metrics["final_length"] = sum(h["length"] for h in tail) / len(tail) if tail else float("nan")

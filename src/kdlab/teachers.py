@@ -25,9 +25,9 @@ import torch
 
 from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
-from .models import build_model, checkpoint_meta, file_sha256, load_checkpoint, n_params, save_checkpoint
+from .models import build_model, checkpoint_meta, file_sha256, n_params, save_checkpoint
 from .tasks import get_task, probe_tasks
-from .tasks.base import Task, held_out
+from .tasks.base import Task
 from .train import SFTSchedule, sft
 
 REGIME_VERSION = 1  # bump when task formats or training code change the weights
@@ -206,21 +206,29 @@ def capacity_paths(profile: Profile, root: str | Path, progress: bool = True) ->
 
 def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = None,
                 label: str = "teacher") -> list[dict[str, Any]]:
-    """Rows: model, task, held-out accuracy (greedy pass@1, test split), mean probe score.
-    ``paths`` as ``model_paths`` returns; every role but "student" is named ``label``."""
+    """Rows: model, task, held-out accuracy (greedy pass@1, test split), mean score on the
+    forgetting set (``probe-<name>`` each: the toy probes, or a real profile's benchmark files).
+    ``paths`` as ``kdlab.materials.model_paths`` returns; every role but "student" is ``label``."""
+    from . import materials
+
     n_test = n_test or profile.eval.n_test
-    probes = probe_tasks()
-    probe_sets = {p.name: held_out(p, profile.eval.n_probe, seed=profile.data_seed) for p in probes}
+    sets = materials.forgetting_sets(profile)
+    real = materials.is_real(profile)
     rows = []
     for role, path in paths.items():
-        model = load_checkpoint(path)
-        probe_scores = {p.name: accuracy(model, p, probe_sets[p.name]) for p in probes}
-        tasks = student_tasks(profile) if role == "student" else [role]
+        model, codec = materials.load_model(profile, path, "bf16" if real else "fp32")
+        probe_scores = {f"probe-{name}": accuracy(model, t, problems, codec=codec) for name, t, problems in sets}
+        if role != "student":
+            tasks = [role]
+        else:
+            tasks = [t.name for t in profile.pretrained.tasks] if real else student_tasks(profile)
         for t in tasks:
-            task = get_task(t, trace=profile.trace)
-            acc = accuracy(model, task, held_out(task, n_test, seed=profile.data_seed))
+            task, test = materials.test_set(profile, t, n_test)
+            acc = accuracy(model, task, test, codec=codec)
             rows.append({"model": "student base" if role == "student" else label, "task": t,
-                         "accuracy": acc, "probe_mean": sum(probe_scores.values()) / len(probe_scores),
+                         "accuracy": acc,
+                         "probe_mean": sum(probe_scores.values()) / len(probe_scores) if probe_scores else float("nan"),
                          **probe_scores, "n_params": n_params(model), "path": str(path),
                          "train_s": checkpoint_meta(path).get("train_s")})
+        del model
     return rows

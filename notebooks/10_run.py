@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -15,15 +21,10 @@
 # The models must already be built (`00_teachers`, or `kdlab teachers`).
 
 # %% tags=["parameters"]
-params = "../params/tiny.yaml"  # profile YAML
+params = "../params/tiny.yaml"  # profile YAML (the study runner passes the study's resolved params.yaml)
 outputs = "../outputs"  # outputs root (models under outputs/models)
-overrides = {}  # dotted-key overrides applied on top of params
-task = "countdown-3"
-policy = "off"  # off | on | lambda
-lam = None  # lambda of the rollout policy (policy "lambda"); off = -1, on = +1
-kl = "forward"  # forward | reverse | jsd | k1 | k2 | k3
-lr = 1e-4
-seed = 0
+run = {}  # the whole run configuration (kdlab.distill.RunConfig as a mapping, as the study runner passes
+# it); {} = the profile's first grid cell; a partial mapping overrides that cell's fields
 out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id> (style runs: outputs/<study>/style/<run_id>)
 threads = 0  # torch threads (0: leave torch's default)
 recorded = False  # True: show the run's existing metrics.json instead of running it again (the study
@@ -41,14 +42,17 @@ import seaborn as sns
 import torch
 from IPython.display import display
 
+from dataclasses import asdict
+
 from kdlab.config import load_profile
+from kdlab.distill import RunConfig
 from kdlab.runs import execute_run, run_config_from
 
 if threads:
     torch.set_num_threads(threads)
 sns.set_theme(style="whitegrid")
-profile = load_profile(params, overrides)
-cfg = run_config_from(profile, task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed)
+profile = load_profile(params)
+cfg = RunConfig(**{**asdict(run_config_from(profile)), **run})
 run_dir = Path(out_dir) if out_dir else Path(outputs).resolve() / profile.name / ("style" if style else "runs") / cfg.run_id
 print(f"run {cfg.run_id} -> {run_dir}")
 

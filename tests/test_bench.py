@@ -137,7 +137,7 @@ def test_trl_beta_convention_on_sharp_logits():
 def test_offpd_teacher_cache_equals_fresh_teacher_logits(data):
     teacher = build_model("llama", "nano", seed=1).eval()  # fp32: differences are rounding only
     problems, responses = data["problems"], data["responses"]
-    cache = _OffPDTeacherLogits(teacher, problems, responses, lambda p: p.prompt)
+    cache = _OffPDTeacherLogits(teacher, problems, responses, [prompt_ids(p.prompt) for p in problems])
     for idx, want_hits in (([0, 3, 5, 3], 1), ([3, 5, 7, 0], 3)):
         r, rm = pad_right([responses[i] for i in idx])
         got, hits = cache.batch(idx, r.shape[1])

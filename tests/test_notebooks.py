@@ -8,6 +8,7 @@ hand-computed values.
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import math
 from pathlib import Path
 
@@ -76,8 +77,7 @@ def test_every_run_notebook_executed_and_recorded_its_metrics(full_study):
         nb = nbformat.read(run_dir / "run.ipynb", as_version=4)
         assert not _errors(nb)
         params = nb.metadata.papermill.parameters
-        assert (params["task"], params["policy"], params["lam"], params["kl"], params["lr"], params["seed"]) == \
-            (cfg.task, cfg.policy, cfg.lam, cfg.kl, cfg.lr, cfg.seed)
+        assert params["run"] == asdict(cfg)  # the whole run configuration, as one parameter
         assert params["out_dir"] == str(run_dir) and Path(params["out_dir"]).is_absolute()
         assert len(_outputs(nb, "image/png")) == 1  # the training curves
         assert any(cfg.run_id in "".join(o["data"]["text/html"]) for o in _outputs(nb, "text/html"))  # metrics

@@ -38,7 +38,7 @@ import torch
 from IPython.display import Markdown, display
 
 from kdlab.config import load_profile
-from kdlab.io import write_json_atomic
+from kdlab.atomic import write_json_atomic
 from kdlab.teachers import model_table
 from kdlab.study import study_model_paths
 from kdlab.style_teacher import style_teacher_row

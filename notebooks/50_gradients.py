@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -59,27 +65,37 @@ from IPython.display import Image, display
 from kdlab.analysis import gradients as ga
 from kdlab.analysis.explore import figure_png
 from kdlab.analysis.table import notebook_out_dir, resolve_path
-from kdlab.data import prompt_ids
-from kdlab.models import load_checkpoint
-from kdlab.tasks import get_task
+from kdlab import materials
+from kdlab.codec import CHAR
+from kdlab.config import Profile, from_dict, read_yaml
 
 OUT = notebook_out_dir(study_dir, "50_gradients", out_dir)
 if threads:
     torch.set_num_threads(threads)
 torch.manual_seed(seed)
+# The study's profile (toy or real checkpoints) says how its models and tasks load; without one,
+# kdlab's toy tasks.
+params_yaml = resolve_path(study_dir) / "params.yaml"
+profile = from_dict(Profile, read_yaml(params_yaml.read_text())) if params_yaml.exists() else Profile()
+if materials.is_real(profile) and task not in profile.grid.tasks:
+    task = profile.grid.tasks[0]
 found_s, found_t = ga.find_models(study_dir, task)
 s_path = resolve_path(student_dir) if student_dir else found_s
 t_path = resolve_path(teacher_dir) if teacher_dir else found_t
+codec = CHAR
 if s_path is not None and t_path is not None:
-    student, teacher = load_checkpoint(s_path), load_checkpoint(t_path)
+    (student, codec), (teacher, _) = materials.load_model(profile, s_path), materials.load_model(profile, t_path)
     models = {"student": str(s_path), "teacher": str(t_path), "demo": False}
 else:
     print("!! no checkpoints given or found in models.json: using RANDOM, sharpened nano models (a demo of the "
           "method, not a result). Pass student_dir / teacher_dir or run `kdlab teachers` first.")
     student, teacher = ga.demo_models(seed)
     models = {"student": "demo: random nano", "teacher": "demo: random nano (sharpened)", "demo": True}
-problems = get_task(task).problems("test", n_prompts, seed=seed)
-prompts = [prompt_ids(p.prompt) for p in problems]
+if models["demo"]:
+    profile = Profile()  # the demo models speak kdlab's char tokenizer: toy task prompts
+task_obj = materials.test_set(profile, task, 1)[0]
+problems = task_obj.problems("test", min(n_prompts, task_obj.capacity("test") or n_prompts), seed=seed)
+prompts = [codec.prompt(p.prompt) for p in problems]
 mix = dict(temperature=temperature, logratio_clip=logratio_clip, plausibility_alpha=plausibility_alpha)
 print(models, f"{len(prompts)} prompts x {samples_per_prompt} samples x {len(lambdas)} lambdas")
 
@@ -98,7 +114,8 @@ def show(fig, name):
 # %%
 entries = []
 for k, lam in enumerate(lambdas):
-    samples = ga.sample_policy(student, teacher, prompts, lam, samples_per_prompt, max_new_tokens, seed=seed + k, **mix)
+    samples = ga.sample_policy(student, teacher, prompts, lam, samples_per_prompt, max_new_tokens, seed=seed + k,
+                               codec=codec, **mix)
     entries.append(ga.gradient_entries(samples))
 entries_summary = pd.DataFrame([row for e in entries for row in e.summary()])
 entries_summary.to_csv(OUT / "entries_summary.csv", index=False)
@@ -115,7 +132,7 @@ entries_summary.round(4)
 
 # %%
 bound = ga.update_distance_vs_tv(student, teacher, prompts, lambdas, samples_per_prompt=samples_per_prompt,
-                                 max_new_tokens=max_new_tokens, param_space=param_space, seed=seed, **mix)
+                                 max_new_tokens=max_new_tokens, param_space=param_space, seed=seed, codec=codec, **mix)
 bound.to_csv(OUT / "bound.csv", index=False)
 show(ga.plot_update_bound(bound), "update_bound")
 cols = ["lam_a", "lam_b", "direction", "tv", "tv_bounded", "mean_w", "ess", "dist_logit", "bound_logit",

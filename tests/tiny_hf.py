@@ -94,3 +94,46 @@ def write_synthetic_choice(path: Path, n: int = 40, seed: int = 0) -> Path:
                      "reasoning": " ".join(rng.choice(WORDS) for _ in range(10)) + "."})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+def write_synthetic_math(path: Path, n: int = 40, seed: int = 0) -> Path:
+    """Made-up boxed-answer sums (training data for tests)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        a, b = rng.randint(1, 99), rng.randint(1, 99)
+        rows.append({"problem": f"P{i}: what is the sum of {a} and {b}?",
+                     "solution": f"We add {a} and {b}, so the sum is $\\boxed{{{a + b}}}$.", "answer": str(a + b)})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def write_real_profile(root: Path, family: str = "qwen2", name: str = "hf-tiny", **grid) -> Path:
+    """A pretrained-checkpoint profile on tiny random checkpoints (``build_pair``): one choice task
+    and one math task from small made-up files, a made-up choice benchmark for forgetting, the
+    2 x 2 x 2 grid with one seed and one lambda point. Returns the profile's path."""
+    import yaml
+
+    root.mkdir(parents=True, exist_ok=True)
+    teacher, student = build_pair(root, family)
+    mc = write_synthetic_choice(root / "mc_train.jsonl", n=60, seed=1)
+    arith = write_synthetic_math(root / "math_train.jsonl", n=60, seed=2)
+    bench = write_synthetic_choice(root / "bench.jsonl", n=12, seed=3)
+    profile = {
+        "name": name,
+        "pretrained": {
+            "student": str(student),
+            "tasks": [{"name": "mc", "kind": "choice", "train": str(mc), "teacher": str(teacher), "max_new_tokens": 8},
+                      {"name": "arith", "kind": "math", "train": str(arith), "teacher": str(teacher),
+                       "max_new_tokens": 8}],
+            "benchmarks": [{"kind": "choice", "path": str(bench), "name": "bench", "max_new_tokens": 6}],
+            "n_benchmark": 6, "device": "cpu", "gradient_checkpointing": True, "micro_batch_size": 2,
+        },
+        "distill": {"steps": 2, "batch_size": 4, "offpd_pool": 8},
+        "eval": {"n_test": 4, "pass_n": 2, "pass_problems": 2, "pass_ks": [1, 2]},
+        "grid": {"tasks": ["mc", "arith"], "policies": ["off", "on"], "kls": ["forward", "reverse"],
+                 "lrs": [1.0e-4, 5.0e-4], "seeds": [0], "lambdas": [0.0], "lambda_tasks": ["mc"], **grid},
+    }
+    path = root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(profile, sort_keys=False))
+    return path

@@ -1,4 +1,4 @@
-"""The ``kdlab`` command line: ``kdlab teachers|distill|study|grid ...`` (also ``python -m kdlab``)."""
+"""The ``kdlab`` command line: ``kdlab teachers|distill|rlvr|diagnose|study ...`` (also ``python -m kdlab``)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .config import read_yaml
+from .atomic import write_json_atomic
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -23,17 +24,31 @@ def _outputs_root(args) -> Path:
     return Path(args.outputs).resolve()
 
 
-def cmd_teachers(args) -> int:
+def _profile(args):
+    """The profile of ``args.params`` with its ``--set`` overrides, validated, and everything it
+    names on disk checked (``kdlab.preflight``)."""
     from .config import load_profile
-    from .teachers import model_paths, model_table
-    from .report_tables import format_table
+    from .preflight import check_profile
 
     profile = load_profile(args.params, _overrides(args.set))
+    check_profile(profile)
+    return profile
+
+
+def cmd_teachers(args) -> int:
+    from .materials import is_real, model_paths
+    from .teachers import model_table
+    from .report_tables import format_table
+
+    profile = _profile(args)
+    if (args.rebuild or args.capacity) and is_real(profile):
+        from .config import ConfigError
+        raise ConfigError(f"--rebuild / --capacity: {args.params} names pretrained checkpoints; kdlab builds only toy models")
     if args.rebuild:
         # Train from scratch into a separate store, then compare with what the repository ships.
         from .models import checkpoint_meta
-        from .teachers import shipped_manifest
-        paths = model_paths(profile, _outputs_root(args) / "models-rebuild", rebuild=True)
+        from .teachers import model_paths as toy_paths, shipped_manifest
+        paths = toy_paths(profile, _outputs_root(args) / "models-rebuild", rebuild=True)
         shipped = shipped_manifest()
         for role, path in paths.items():
             sha = checkpoint_meta(path)["sha256"]
@@ -49,17 +64,16 @@ def cmd_teachers(args) -> int:
         rows += model_table(profile, cap, label="capacity check (student preset, teacher recipe)")
     out = _outputs_root(args) / profile.name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "models.json").write_text(json.dumps(rows, indent=2))
+    write_json_atomic(out / "models.json", rows)
     print(format_table(rows, ["model", "task", "accuracy", "probe_mean", "n_params", "train_s"]))
     print(f"written: {out / 'models.json'}")
     return 0
 
 
 def cmd_distill(args) -> int:
-    from .config import load_profile
     from .runs import execute_run, run_config_from
 
-    profile = load_profile(args.params, _overrides(args.set))
+    profile = _profile(args)
     cfg = run_config_from(profile, task=args.task, policy=args.policy, lam=args.lam, kl=args.kl, lr=args.lr, seed=args.seed)
     out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "runs" / cfg.run_id
     metrics = execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models", save_student=args.save_student)

@@ -156,6 +156,7 @@ class StyleSpec:
 
 
 REAL_KINDS = ("choice", "math")
+PLACEHOLDER = "/path/to/"  # the example profiles' stand-in for a local path
 
 
 @dataclass
@@ -323,6 +324,16 @@ def validate_profile(p: Profile) -> Profile:
         for i, b in enumerate(pre.benchmarks):
             if not b.path:
                 raise ConfigError(f"pretrained.benchmarks[{i}].path: must be a local path, got ''")
+        if not pre.benchmarks:
+            raise ConfigError("pretrained.benchmarks: needs at least one evaluation file (forgetting is the change of "
+                              "the mean score over them)")
+        paths = [("pretrained.student", pre.student)]
+        paths += [(f"pretrained.tasks[{i}].{f}", getattr(t, f)) for i, t in enumerate(pre.tasks)
+                  for f in ("train", "test", "teacher")]
+        paths += [(f"pretrained.benchmarks[{i}].path", b.path) for i, b in enumerate(pre.benchmarks)]
+        for key, value in paths:
+            if PLACEHOLDER in value:
+                raise ConfigError(f"{key}: {value!r} is a placeholder; replace it with a local path")
         valid = names
     else:
         valid = list(TARGET_TASKS)

@@ -57,7 +57,7 @@ from .data import ProblemPool
 from .distill import RunConfig, distill, offpd_rollouts
 from .evaluate import accuracy, pass_at_ks
 from .hf import check_same_vocab, load_pretrained
-from .io import write_json_atomic
+from .atomic import write_json_atomic
 from .kl import LOSS_KINDS
 from .metrics import update_sparsity
 from .tasks.real import EVAL_ONLY, KINDS, RealTask, load_benchmarks, real_task

@@ -21,7 +21,7 @@ from .config import Profile
 from .data import ProblemPool
 from .distill import DTYPES, RunConfig, distill, offpd_rollouts
 from .evaluate import accuracy, pass_at_ks
-from .io import write_atomic, write_json_atomic
+from .atomic import write_atomic, write_json_atomic
 from .metrics import update_sparsity
 from .models import load_checkpoint, save_checkpoint
 from .tasks import get_task
@@ -205,7 +205,7 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     write_json_atomic(out_dir / "history.json", result.history)
     if save_student:
         if materials.is_real(profile):
-            from .io import write_dir_atomic
+            from .atomic import write_dir_atomic
 
             write_dir_atomic(out_dir / "student", lambda d: (student.save_pretrained(str(d)),
                                                              codec.tokenizer.save_pretrained(str(d))))

@@ -57,6 +57,7 @@ from ..batching import pad_left, response_logits
 from ..kl import token_kl
 from ..mixture import mixture_logprobs
 from ..rollout import sample
+from ..codec import CHAR
 
 DIRECTIONS = ("forward", "reverse")
 
@@ -96,8 +97,9 @@ def _check_prompts(prompts: list[list[int]], name: str) -> None:
 def sample_policy(student: torch.nn.Module, teacher: torch.nn.Module, prompts: list[list[int]], lam: float,
                   samples_per_prompt: int, max_new_tokens: int, *, teacher_prompts: list[list[int]] | None = None,
                   temperature: float = 1.0, logratio_clip: float | None = None,
-                  plausibility_alpha: float | None = None, seed: int = 0) -> PolicySamples:
+                  plausibility_alpha: float | None = None, seed: int = 0, codec=None) -> PolicySamples:
     """Draw ``samples_per_prompt`` responses per prompt from pi_lambda and score them with both models.
+    ``codec`` (``kdlab.codec``): pad / stop ids and vocabulary of real tokenizers (default: kdlab's).
 
     Sampling is ``kdlab.rollout.sample`` (seeded by ``seed``); then both models are run over
     prompt + response to get the (B, R, V) logits at every response position, B = len(prompts) *
@@ -117,13 +119,14 @@ def sample_policy(student: torch.nn.Module, teacher: torch.nn.Module, prompts: l
     gen = torch.Generator().manual_seed(seed)
     student.eval()
     teacher.eval()
+    codec = codec or CHAR
     ro = sample(student, s_prompts, max_new_tokens, lam=lam, teacher=teacher, teacher_prompts=t_prompts,
                 temperature=temperature, logratio_clip=logratio_clip, plausibility_alpha=plausibility_alpha,
-                generator=gen)
-    sp, spm = pad_left(s_prompts)
-    tp, tpm = pad_left(t_prompts)
-    s_logits = response_logits(student, sp, spm, ro.tokens, ro.mask).float()
-    t_logits = response_logits(teacher, tp, tpm, ro.tokens, ro.mask).float()
+                generator=gen, codec=codec)
+    sp, spm = pad_left(s_prompts, codec.pad_id)
+    tp, tpm = pad_left(t_prompts, codec.pad_id)
+    s_logits = response_logits(student, sp, spm, ro.tokens, ro.mask, codec.vocab_size).float().cpu()
+    t_logits = response_logits(teacher, tp, tpm, ro.tokens, ro.mask, codec.vocab_size).float().cpu()
     return PolicySamples(lam=float(lam), prompt_index=torch.tensor(index, dtype=torch.long), prompts=sp,
                          prompt_mask=spm, teacher_prompts=tp, teacher_prompt_mask=tpm, tokens=ro.tokens,
                          mask=ro.mask, student_logits=s_logits, teacher_logits=t_logits)
@@ -322,7 +325,8 @@ def _param_update_distances(student: torch.nn.Module, samples: PolicySamples, co
                 continue
             sl = slice(i, i + 1)
             s_logits = response_logits(student, samples.prompts[sl], samples.prompt_mask[sl],
-                                       samples.tokens[sl, :n_i], samples.mask[sl, :n_i])
+                                       samples.tokens[sl, :n_i], samples.mask[sl, :n_i],
+                                       samples.teacher_logits.shape[-1]).cpu()
             t_logits = samples.teacher_logits[sl, :n_i]
             for k, d in enumerate(DIRECTIONS):
                 loss = token_kl(s_logits, t_logits, d).sum()
@@ -345,7 +349,7 @@ def update_distance_vs_tv(student: torch.nn.Module, teacher: torch.nn.Module, pr
                           teacher_prompts: list[list[int]] | None = None, temperature: float = 1.0,
                           logratio_clip: float | None = None, plausibility_alpha: float | None = None,
                           pairs: list[tuple[float, float]] | None = None, param_space: bool = True,
-                          seed: int = 0) -> pd.DataFrame:
+                          seed: int = 0, codec=None) -> pd.DataFrame:
     """Distance between expected KL updates under two rollout policies against their TV distance.
 
     For each ``lambda_a`` one sample set of ``len(prompts) * samples_per_prompt`` responses is drawn
@@ -381,7 +385,7 @@ def update_distance_vs_tv(student: torch.nn.Module, teacher: torch.nn.Module, pr
     rows = []
     for k, (lam_a, lam_bs) in enumerate(by_a.items()):
         samples = sample_policy(student, teacher, prompts, lam_a, samples_per_prompt, max_new_tokens,
-                                teacher_prompts=teacher_prompts, seed=seed + k, **mix)
+                                teacher_prompts=teacher_prompts, seed=seed + k, codec=codec, **mix)
         logp_a = sequence_logprobs(samples, lam_a, **mix)
         keep = torch.isfinite(logp_a)
         n_dropped = int((~keep).sum())

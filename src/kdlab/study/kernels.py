@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import nbformat
 
-from ..io import FILE_MODE, write_json_atomic, write_text_atomic
+from ..atomic import FILE_MODE, write_json_atomic, write_text_atomic
 from .plan import NOTEBOOKS_DIR, Job, _notebook, run_is_complete
 
 KERNEL_NAME = "python3"
@@ -39,6 +39,9 @@ _WARM_IMPORTS = """
 import gc
 import matplotlib.pyplot, pandas, seaborn, torch
 import kdlab.results, kdlab.runs, kdlab.teachers
+import datasets, transformers
+datasets.disable_progress_bars()  # progress bars never reach an executed notebook or the report
+transformers.utils.logging.disable_progress_bar()
 gc.collect()
 gc.freeze()
 """
@@ -144,7 +147,10 @@ class WarmKernel:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self._log = open(self.log_path, "a")
             streams = {"stdout": self._log, "stderr": self._log}
-        self._run(self.km.start_kernel(cwd=str(self.cwd), env=self.env, **streams))
+        # no IPython history: the warm kernels would share one history database and report
+        # "Session/line number was not unique in database" into the notebooks
+        self._run(self.km.start_kernel(cwd=str(self.cwd), env=self.env, extra_arguments=["--HistoryManager.enabled=False"],
+                                       **streams))
         self.kc = self.km.client()
         self.kc.start_channels()
         self._run(self.kc.wait_for_ready(timeout=KERNEL_STARTUP_TIMEOUT_S))
@@ -262,7 +268,7 @@ def _kernel_env(threads: int) -> dict[str, str]:
     """The kernels' environment: this one, plus kdlab's source on the path (the kernels import the
     same kdlab), per-worker thread counts and inline figures."""
     env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[1])
+    src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads)

@@ -21,7 +21,7 @@ import yaml
 from ..config import ConfigError, Profile, from_dict, read_yaml, to_dict
 from ..distill import RunConfig
 from ..followups import RLVRStart
-from ..io import write_text_atomic
+from ..atomic import write_text_atomic
 from ..runs import run_config_from
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[3] / "notebooks"

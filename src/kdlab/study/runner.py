@@ -34,7 +34,8 @@ import nbformat
 
 from ..config import ConfigError, Profile, companion_profile, load_profile
 from ..followups import rlvr_starts, students_to_save, style_cells
-from ..io import write_json_atomic, write_text_atomic
+from ..atomic import write_json_atomic, write_text_atomic
+from ..preflight import check_profile
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
                       _record_error, _run_jobs, _run_on_ray, _say, _started)
 from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook, _pending,
@@ -87,6 +88,7 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     t_study = time.perf_counter()
     profile = load_profile(params, overrides)
+    check_profile(profile)  # every path, checkpoint, tokenizer and data file it names, before any work
     companions = [companion_profile(profile, suffix) for suffix in profile.companions]
     for p in [profile, *companions]:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", p.name):

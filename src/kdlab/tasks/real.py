@@ -43,8 +43,10 @@ _OPTION_LINE = re.compile(r"^\s*\(?([A-Za-z])[.):]\s+(.*\S)\s*$")
 
 def read_rows(path: str | Path, limit: int | None = None, cache_dir: str | Path | None = None) -> list[dict[str, Any]]:
     """Rows of a local .jsonl / .json / .parquet file as dicts, in file order (first ``limit``)."""
+    import datasets
     from datasets import load_dataset
 
+    datasets.disable_progress_bars()  # a local file reads in moments; its bars would only be noise
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path {str(path)!r} is not a file")

@@ -47,8 +47,12 @@ if threads:
     torch.set_num_threads(threads)
 profile = load_profile(params, overrides)
 study_dir = Path(outputs).resolve() / profile.name
-print(f"study {profile.name}: student {profile.student.family}/{profile.student.size}, "
-      f"teacher {profile.teacher.family}/{profile.teacher.size}")
+if profile.pretrained.student:
+    print(f"study {profile.name}: student {profile.pretrained.student}, teachers "
+          + ", ".join(f"{t.name}: {t.teacher}" for t in profile.pretrained.tasks))
+else:
+    print(f"study {profile.name}: student {profile.student.family}/{profile.student.size}, "
+          f"teacher {profile.teacher.family}/{profile.teacher.size}")
 
 # %%
 paths = study_model_paths(profile, Path(outputs).resolve() / "models", progress=False)

@@ -58,7 +58,8 @@ def write_json_atomic(path: str | Path, obj: Any) -> Path:
 
 def write_dir_atomic(directory: str | Path, fill: Callable[[Path], None]) -> Path:
     """Call ``fill(tmp_dir)``, then put ``tmp_dir`` in place of ``directory`` (an existing one is
-    moved aside first and removed after, so ``directory`` is never half written)."""
+    moved aside first and removed after, so ``directory`` is never half written; when another
+    process puts its copy there in between, that copy stays)."""
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".tmp", dir=directory.parent))
@@ -71,7 +72,12 @@ def write_dir_atomic(directory: str | Path, fill: Callable[[Path], None]) -> Pat
         if directory.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".old", dir=directory.parent))
             os.replace(directory, old / "x")
-        os.replace(tmp, directory)
+        try:
+            os.replace(tmp, directory)
+        except OSError:
+            if not directory.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # a concurrent writer put its whole copy there first
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     except BaseException:

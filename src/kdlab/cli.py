@@ -117,7 +117,7 @@ def cmd_diagnose(args) -> int:
     for mode, row in modes.items():
         print(f"  {mode:<18} {row['count']:>5}  {100 * row['share']:5.1f}%   e.g. {row['examples'][0][0]} {row['examples'][0][1]}")
     if args.json:
-        Path(args.json).write_text(json.dumps(modes, indent=2))
+        write_json_atomic(args.json, modes)
         print(f"written: {args.json}")
     return 0
 

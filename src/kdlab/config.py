@@ -15,6 +15,9 @@ from typing import Any
 
 import yaml
 
+from .kl import LOSS_KINDS
+from .schema import DFS_VARIANTS, DTYPES, FAMILIES, PRESETS, TARGET_TASKS
+
 
 class _Loader(yaml.SafeLoader):
     """YAML 1.2 booleans: only true/false. (YAML 1.1 reads `off`/`on`, the policy names, as bools.)"""
@@ -43,11 +46,8 @@ def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, lo: 
     return field(default=default, metadata=meta)
 
 
-KL_KINDS = ("forward", "reverse", "jsd", "k1", "k2", "k3")
+KL_KINDS = LOSS_KINDS
 POLICIES = ("off", "on")
-DTYPES = ("bf16", "fp32")
-FAMILIES = ("llama", "qwen2")
-TARGET_TASKS = ("countdown-3", "countdown-4", "countdown-4e", "kb-mc", "rules-mc")
 
 
 @dataclass
@@ -306,7 +306,6 @@ def _check_range(key: str, value: Any, meta: Any) -> None:
 
 def validate_profile(p: Profile) -> Profile:
     """Cross-field checks that single fields cannot express."""
-    from .models import PRESETS
 
     for role in ("student", "teacher"):
         size = getattr(p, role).size
@@ -388,9 +387,7 @@ def validate_profile(p: Profile) -> Profile:
 
 
 def _check_dfs_tasks(p: Profile) -> None:
-    """trace 'dfs' is defined for short countdown variants only (kdlab.tasks.countdown.DFS_VARIANTS)."""
-    from kdlab.tasks.countdown import DFS_VARIANTS
-
+    """trace 'dfs' is defined for short countdown variants only (kdlab.schema.DFS_VARIANTS)."""
     used = [("grid.tasks", t) for t in p.grid.tasks] + [("eval.harder", t) for t in p.eval.harder]
     used += [("grid.lambda_tasks", t) for t in p.grid.lambda_tasks if p.grid.lambdas]
     used += [("student_pretrain.extra_tasks", t) for t in p.student_pretrain.extra_tasks]

@@ -27,13 +27,14 @@ from typing import Any, Callable, Iterator
 import torch
 from tqdm.auto import tqdm
 
+from . import schema
 from .batching import pad_left, pad_right, response_logits
 from .codec import CHAR
 from .kl import LOSS_KINDS, kl_loss, token_kl
 from .rollout import sample
 from .tasks.base import Problem, Task
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+DTYPES = {name: {"bf16": torch.bfloat16, "fp32": torch.float32}[name] for name in schema.DTYPES}
 
 
 @dataclass

@@ -23,13 +23,14 @@ from __future__ import annotations
 import json
 import os
 import socket
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from .atomic import write_json_atomic
 
 STATUSES = ("done", "skipped", "failed")
 
@@ -167,20 +168,6 @@ class RunSpec:
     out_dir: str
     fn: Callable[..., Any]
     kwargs: dict[str, Any] = field(default_factory=dict)
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON to a temp file in the same directory, then rename over ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _metrics(out_dir: str | Path) -> dict[str, Any] | None:

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,20 +15,14 @@ import torch
 from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel,
                           Qwen2Config, Qwen2ForCausalLM)
 
+from .atomic import write_dir_atomic
+from .schema import PRESETS
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 
 FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
 
-# Size presets: (hidden, layers, heads, kv_heads, mlp). Parameter counts are for VOCAB_SIZE=98
-# with tied embeddings, the same for both families up to Qwen2's attention biases.
-PRESETS: dict[str, dict[str, int]] = {
-    "nano": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, intermediate_size=192),
-    "student-s": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=384),
-    "student-m": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=576),
-    "teacher-xs": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=576),
-    "teacher-s": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768),
-    "teacher-m": dict(hidden_size=256, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=4, intermediate_size=768),
-}
+# Size presets (kdlab.schema.PRESETS): parameter counts are for VOCAB_SIZE=98 with tied embeddings,
+# the same for both families up to Qwen2's attention biases.
 MAX_POSITIONS = 512
 
 
@@ -73,25 +64,18 @@ def file_sha256(path: str | Path) -> str:
 
 def save_checkpoint(model: PreTrainedModel, directory: str | Path, meta: dict[str, Any] | None = None) -> str:
     """Write an HF checkpoint atomically (temp dir + rename); returns the weights' SHA-256."""
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=directory.name + ".tmp", dir=directory.parent))
-    try:
+    shas = []
+
+    def fill(tmp: Path) -> None:
         model.save_pretrained(str(tmp), safe_serialization=True)
         build_tokenizer().save_pretrained(str(tmp))
-        sha = file_sha256(tmp / "model.safetensors")
-        info = dict(meta or {}, sha256=sha, n_params=n_params(model), dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+        shas.append(file_sha256(tmp / "model.safetensors"))
+        info = dict(meta or {}, sha256=shas[0], n_params=n_params(model),
+                    dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
         (tmp / "kdlab.json").write_text(json.dumps(info, indent=2, sort_keys=True))
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; checkpoints are shared artefacts
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(tmp, directory)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return sha
+
+    write_dir_atomic(directory, fill)
+    return shas[0]
 
 
 def checkpoint_meta(directory: str | Path) -> dict[str, Any]:

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from .atomic import write_atomic
 
 # Columns every results table has (NaN where a run did not measure it, e.g. pass_at_10 when
 # eval.pass_n < 10).
@@ -82,17 +82,7 @@ def write_results(study_dir: str | Path) -> Path:
     study_dir = Path(study_dir)
     df = collect(study_dir)
     path = study_dir / "results.parquet"
-    fd, tmp = tempfile.mkstemp(prefix="results.", suffix=".parquet.tmp", dir=study_dir)
-    os.close(fd)
-    try:
-        df.to_parquet(tmp, index=False)
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp's 0600 -> the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda tmp: df.to_parquet(tmp, index=False))
     return path
 
 

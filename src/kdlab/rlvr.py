@@ -34,7 +34,7 @@ from .rollout import sample
 from .tasks.base import Problem, Task
 from .tokenizer import decode
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+from .distill import DTYPES  # noqa: E402
 NORMALISATIONS = ("sequence", "token")
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 from dataclasses import asdict, replace
@@ -23,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .atomic import write_atomic, write_dir_atomic
 from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
 from .models import build_model, checkpoint_meta, file_sha256, n_params, save_checkpoint
@@ -124,10 +124,7 @@ class ModelStore:
         got = file_sha256(src / "model.safetensors")
         if got != sha:
             raise ValueError(f"shipped checkpoint {src}: weights sha256 {got} does not match {SHIPPED_MANIFEST} ({sha})")
-        tmp = final.with_name(final.name + ".installing")
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(src, tmp)
-        os.replace(tmp, final)
+        write_dir_atomic(final, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
         return True
 
     def path(self, role: str, key: dict[str, Any]) -> Path:
@@ -152,10 +149,8 @@ class ModelStore:
             start = state["step"]
 
         def save_partial(step: int, optimizer: torch.optim.Optimizer) -> None:
-            partial.mkdir(parents=True, exist_ok=True)
-            tmp = partial / "state.pt.tmp"
-            torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
-            os.replace(tmp, partial / "state.pt")
+            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            write_atomic(partial / "state.pt", lambda tmp: torch.save(state, tmp))
 
         t0 = time.perf_counter()
         sft(model, mix, sched, desc=f"train {role}", progress=progress, start_step=start, optimizer=opt,

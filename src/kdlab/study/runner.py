@@ -89,6 +89,8 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
     t_study = time.perf_counter()
     profile = load_profile(params, overrides)
     check_profile(profile)  # every path, checkpoint, tokenizer and data file it names, before any work
+    if ray_address is None and profile.pretrained.ray_address:  # a real profile may name its cluster
+        ray_address, gpus_per_run = profile.pretrained.ray_address, profile.pretrained.gpus_per_run
     companions = [companion_profile(profile, suffix) for suffix in profile.companions]
     for p in [profile, *companions]:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", p.name):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from .base import ANSWER_MARK, PROMPT_END, Problem, Task, final_answer, split_of
 
-TARGET_TASKS = ("countdown-3", "countdown-4", "countdown-4e", "kb-mc", "rules-mc")
+from ..schema import TARGET_TASKS
 
 
 def get_task(name: str, trace: str = "steps", world_seed: int = 0) -> Task:

@@ -61,7 +61,7 @@ Step = tuple[Number, str, Number, Number]  # (left, op, right, result)
 
 VARIANTS: dict[str, int] = {"countdown-3": 3, "countdown-4": 4, "countdown-4e": 4}
 TRACE_STYLES: tuple[str, ...] = ("direct", "steps", "search", "dfs")
-DFS_VARIANTS: tuple[str, ...] = ("countdown-3",)  # longer dfs traces can exceed the models' positions
+from ..schema import DFS_VARIANTS  # noqa: E402 - longer dfs traces can exceed the models' positions
 DEAD_MARK = "!"
 TAG = "c"
 MIN_NUMBER, MAX_NUMBER = 1, 99

@@ -24,7 +24,7 @@ import pytest
 
 from kdlab.cli import main
 from kdlab.config import ConfigError, load_profile
-from kdlab.results import REQUIRED_COLUMNS, WALL_TIME_COLUMNS
+from kdlab.results import LOCATION_COLUMNS, REQUIRED_COLUMNS, WALL_TIME_COLUMNS
 from kdlab.study import expand_grid, notebook_finished, run_study
 from kdlab.teachers import model_paths
 
@@ -275,7 +275,7 @@ def test_study_killed_after_its_first_run_finishes_on_rerun(tiny_models, full_st
     clean = pd.read_parquet(full_study.study_dir / "results.parquet")
     assert resumed["run_id"].tolist() == sorted(cells)
     clean = clean[clean["run_id"].isin(cells)].reset_index(drop=True)
-    drop = [c for c in WALL_TIME_COLUMNS if c in resumed.columns]
+    drop = [c for c in WALL_TIME_COLUMNS + LOCATION_COLUMNS if c in resumed.columns]
     assert set(REQUIRED_COLUMNS) <= set(resumed.columns)
     pd.testing.assert_frame_equal(resumed.drop(columns=drop), clean.drop(columns=drop))
 

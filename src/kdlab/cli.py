@@ -27,11 +27,14 @@ def _outputs_root(args) -> Path:
 def _profile(args):
     """The profile of ``args.params`` with its ``--set`` overrides, validated, and everything it
     names on disk checked (``kdlab.preflight``)."""
-    from .config import load_profile
+    from .config import ConfigError, load_profile
     from .preflight import check_profile
 
     profile = load_profile(args.params, _overrides(args.set))
-    check_profile(profile)
+    try:
+        check_profile(profile)
+    except ConfigError as e:
+        raise ConfigError(f"{args.params}: {e}") from None
     return profile
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from .kl import LOSS_KINDS
-from .schema import DFS_VARIANTS, DTYPES, FAMILIES, PRESETS, TARGET_TASKS
+from .schema import DFS_VARIANTS, DTYPES, FAMILIES, IMPORTABLE, PRESETS, TARGET_TASKS
 
 
 class _Loader(yaml.SafeLoader):
@@ -157,6 +157,7 @@ class StyleSpec:
 
 REAL_KINDS = ("choice", "math")
 PLACEHOLDER = "/path/to/"  # the example profiles' stand-in for a local path
+COUNTDOWN_VARIANTS = tuple(t for t in TARGET_TASKS if t.startswith("countdown"))
 
 
 @dataclass
@@ -173,19 +174,39 @@ class BenchmarkSpec:
 class PretrainedTaskSpec:
     """One target task at paper scale: data files and its fine-tuned, frozen teacher."""
     name: str = _f("", doc="the name grid.tasks / grid.lambda_tasks use")
-    kind: str = _f("choice", choices=REAL_KINDS)
+    kind: str = _f("choice", choices=REAL_KINDS + ("countdown",),
+                   doc="choice / math: data files; countdown: kdlab's generator in natural language, name = the variant")
     train: str = _f("", doc="training file; its 'train' split (split_of on a content hash) is used")
     test: str = _f("", doc="held-out evaluation file (all rows); '' = the train file's 'test' split")
-    teacher: str = _f("", doc="local HF checkpoint directory of this task's teacher")
+    teacher: str = _f("", doc="local HF checkpoint directory of this task's teacher, or 'sft' (built by kdlab: "
+                      "pretrained.teacher_sft on the student's base)")
     max_new_tokens: int = _f(2048, lo=1)
 
 
 @dataclass
+class SFTSpec:
+    """Supervised fine-tuning of a real base on its tasks' reference solutions (kdlab.recipes)."""
+    steps: int = _f(0, lo=0, doc="0 = no fine-tuning")
+    batch_size: int = _f(16, lo=1)
+    lr: float = _f(1e-4, lo=0.0, hi=1.0)
+    warmup: int = _f(10, lo=0)
+    micro_batch_size: int = _f(0, lo=0, doc="rows per forward/backward; 0 = the whole batch")
+    seed: int = _f(0, lo=0)
+
+
+@dataclass
 class PretrainedSpec:
-    """Paper scale: real checkpoints and datasets from local paths. student '' = toy models."""
-    student: str = _f("", doc="local HF checkpoint directory of the student base")
+    """Real checkpoints and datasets from local paths. student '' = toy models."""
+    student: str = _f("", doc="local HF checkpoint directory of the student base, or the name of a model kdlab "
+                      f"imports from a package ({', '.join(IMPORTABLE)})")
+    student_sft: SFTSpec = _f(factory=SFTSpec, doc="a short fine-tuning of the base on the grid's tasks (a foothold "
+                              "on the task format, as the toy student base has); steps 0 = the base itself")
+    teacher_sft: SFTSpec = _f(factory=lambda: SFTSpec(steps=200), doc="recipe of the teachers named 'sft': the base "
+                              "fine-tuned on its task's reference solutions, then frozen")
     tasks: list[PretrainedTaskSpec] = _f(factory=list)
     benchmarks: list[BenchmarkSpec] = _f(factory=list, doc="forgetting: out-of-distribution evaluation files")
+    probes: bool = _f(False, doc="forgetting: also the seven probe skills asked in natural language "
+                      "(kdlab.tasks.probes.NaturalProbe)")
     n_benchmark: int = _f(0, lo=0, doc="problems per benchmark; 0 = all")
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
     gradient_checkpointing: bool = _f(True)
@@ -317,23 +338,23 @@ def validate_profile(p: Profile) -> Profile:
         if not names or len(set(names)) != len(names) or "" in names:
             raise ConfigError(f"pretrained.tasks: needs at least one task, each with a unique non-empty name; got {names}")
         for i, t in enumerate(pre.tasks):
-            for fld in ("train", "teacher"):
+            if t.kind == "countdown":
+                if t.name not in COUNTDOWN_VARIANTS:
+                    raise ConfigError(f"pretrained.tasks[{i}].name: {t.name!r}: a countdown task is named by its variant, "
+                                      f"one of {list(COUNTDOWN_VARIANTS)}")
+                if t.train or t.test:
+                    raise ConfigError(f"pretrained.tasks[{i}]: a countdown task is generated, it reads no train/test files")
+            for fld in ("teacher",) if t.kind == "countdown" else ("train", "teacher"):
                 if not getattr(t, fld):
                     raise ConfigError(f"pretrained.tasks[{i}].{fld}: must be a local path, got ''")
         for i, b in enumerate(pre.benchmarks):
             if not b.path:
                 raise ConfigError(f"pretrained.benchmarks[{i}].path: must be a local path, got ''")
-        if not pre.benchmarks:
-            raise ConfigError("pretrained.benchmarks: needs at least one evaluation file (forgetting is the change of "
-                              "the mean score over them)")
-        paths = [("pretrained.student", pre.student)]
-        paths += [(f"pretrained.tasks[{i}].{f}", getattr(t, f)) for i, t in enumerate(pre.tasks)
-                  for f in ("train", "test", "teacher")]
-        paths += [(f"pretrained.benchmarks[{i}].path", b.path) for i, b in enumerate(pre.benchmarks)]
-        for key, value in paths:
-            if PLACEHOLDER in value:
-                raise ConfigError(f"{key}: {value!r} is a placeholder; replace it with a local path")
-        valid = names
+        if not pre.benchmarks and not pre.probes:
+            raise ConfigError("pretrained.benchmarks: needs at least one evaluation file, or pretrained.probes: true "
+                              "(forgetting is the change of the mean score over them)")
+        valid = names + ([v for v in COUNTDOWN_VARIANTS if v not in names]
+                         if any(t.kind == "countdown" for t in pre.tasks) else [])
     else:
         valid = list(TARGET_TASKS)
     if p.student_pretrain.task_steps:

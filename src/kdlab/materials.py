@@ -54,8 +54,20 @@ def target_task(profile: Profile, name: str) -> Task:
         from .tasks import get_task
 
         return get_task(name, trace=profile.trace)
+    spec = next((t for t in profile.pretrained.tasks if t.name == name), None)
+    if spec is None and name.startswith("countdown"):  # a harder variant of a countdown task (eval.harder)
+        return _countdown(name, max(t.max_new_tokens for t in profile.pretrained.tasks if t.kind == "countdown"))
     spec = _task_spec(profile, name)
+    if spec.kind == "countdown":
+        return _countdown(name, spec.max_new_tokens)
     return _real_task(spec.kind, str(Path(spec.train).resolve()), name, False, spec.max_new_tokens)
+
+
+@functools.lru_cache(maxsize=8)
+def _countdown(variant: str, max_new_tokens: int) -> Task:
+    from .tasks.countdown import NaturalCountdownTask
+
+    return NaturalCountdownTask(variant, max_new_tokens=max_new_tokens)
 
 
 def test_set(profile: Profile, name: str, n: int) -> tuple[Task, list[Problem]]:
@@ -63,9 +75,9 @@ def test_set(profile: Profile, name: str, n: int) -> tuple[Task, list[Problem]]:
     if not is_real(profile):
         task = target_task(profile, name)
         return task, held_out(task, n, seed=profile.data_seed)
-    spec = _task_spec(profile, name)
-    task = (_real_task(spec.kind, str(Path(spec.test).resolve()), name, True, spec.max_new_tokens) if spec.test
-            else target_task(profile, name))
+    spec = next((t for t in profile.pretrained.tasks if t.name == name), None)
+    task = (_real_task(spec.kind, str(Path(spec.test).resolve()), name, True, spec.max_new_tokens)
+            if spec is not None and spec.test else target_task(profile, name))
     problems = held_out(task, n, seed=profile.data_seed)
     if not problems:
         raise ValueError(f"task {name!r} has no held-out problems (pretrained.tasks: test file or the train file's "
@@ -74,14 +86,19 @@ def test_set(profile: Profile, name: str, n: int) -> tuple[Task, list[Problem]]:
 
 
 def forgetting_sets(profile: Profile) -> list[tuple[str, Task, list[Problem]]]:
-    """(name, task, problems) of the forgetting set: the seven probe skills (toy) or the
-    benchmark files (real, first ``pretrained.n_benchmark`` problems of each; 0 = all)."""
+    """(name, task, problems) of the forgetting set: the seven probe skills (toy) or, real, the
+    natural-language probes (``pretrained.probes``, ``eval.n_probe`` each) and the benchmark files
+    (first ``pretrained.n_benchmark`` problems of each; 0 = all)."""
     if not is_real(profile):
         from .tasks import probe_tasks
 
         return [(p.skill, p, held_out(p, profile.eval.n_probe, seed=profile.data_seed)) for p in probe_tasks()]
     out = []
     n = profile.pretrained.n_benchmark
+    if profile.pretrained.probes:
+        from .tasks.probes import natural_probes
+
+        out += [(p.skill, p, held_out(p, profile.eval.n_probe, seed=profile.data_seed)) for p in natural_probes()]
     for b in profile.pretrained.benchmarks:
         name = b.name or Path(b.path).stem
         task = _real_task(b.kind, str(Path(b.path).resolve()), name, True, b.max_new_tokens)
@@ -97,8 +114,9 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
         from .teachers import model_paths as toy_paths
 
         return toy_paths(profile, root, progress=progress, train=train)
-    pre = profile.pretrained
-    return {"student": Path(pre.student).resolve(), **{t.name: Path(t.teacher).resolve() for t in pre.tasks}}
+    from .recipes import model_paths as real_paths
+
+    return real_paths(profile, root, train=train, progress=progress)
 
 
 def model_id(path: str | Path) -> str:

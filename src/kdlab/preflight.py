@@ -10,13 +10,13 @@ problem. For a real profile (``pretrained.student`` set) it checks that
 - the follow-ups that need kdlab's toy tasks (RLVR on countdown, the style teacher, harder
   countdown variants) are not asked for.
 
-Placeholders such as ``/path/to/...`` are refused by ``kdlab.config`` already.
+- no path is a placeholder such as ``/path/to/...`` (the example profiles' stand-ins).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from .config import ConfigError, Profile
+from .config import PLACEHOLDER, ConfigError, Profile
 
 
 def _checkpoint(key: str, path: str):
@@ -58,26 +58,38 @@ def check_profile(profile: Profile) -> None:
     pre = profile.pretrained
     if not pre.student:
         return
+    paths = [("pretrained.student", pre.student)]
+    paths += [(f"pretrained.tasks[{i}].{f}", getattr(t, f)) for i, t in enumerate(pre.tasks)
+              for f in ("train", "test", "teacher")]
+    paths += [(f"pretrained.benchmarks[{i}].path", b.path) for i, b in enumerate(pre.benchmarks)]
+    for key, value in paths:
+        if PLACEHOLDER in value:
+            raise ConfigError(f"{key}: {value!r} is a placeholder; replace it with a local path")
     if profile.rlvr.enabled:
         raise ConfigError("rlvr.enabled: the RLVR follow-up runs on kdlab's countdown tasks and toy models only; "
                           "set it to false for a pretrained profile")
     if profile.style.enabled:
         raise ConfigError("style.enabled: the style teacher is a toy model; for real checkpoints use "
                           "pretrained.teacher_system_prompt (a system turn only the teacher sees)")
-    if profile.eval.harder:
-        raise ConfigError(f"eval.harder: {profile.eval.harder} are toy countdown variants; a pretrained profile "
-                          "evaluates its tasks' test files")
-    student_tok = _checkpoint("pretrained.student", pre.student)
+    if profile.eval.harder and not any(t.kind == "countdown" for t in pre.tasks):
+        raise ConfigError(f"eval.harder: {profile.eval.harder} are countdown variants; a pretrained profile has them "
+                          "only with a countdown task")
     from .hf import check_same_vocab
+    from .schema import IMPORTABLE, SFT_TEACHER
 
+    # an imported base is made by the models phase (its tokenizer is checked when it loads)
+    student_tok = None if pre.student in IMPORTABLE else _checkpoint("pretrained.student", pre.student)
     for i, t in enumerate(pre.tasks):
         key = f"pretrained.tasks[{i}]"
-        tok = _checkpoint(f"{key}.teacher", t.teacher)
-        try:
-            check_same_vocab(tok, student_tok, names=("teacher", "student"))
-        except ValueError as e:
-            raise ConfigError(f"{key}.teacher: {t.teacher!r} and pretrained.student {pre.student!r}: {e}") from None
-        _data_file(f"{key}.train", t.kind, t.train, False, t.max_new_tokens)
+        if t.teacher != SFT_TEACHER:  # an 'sft' teacher is the student's base fine-tuned: same tokenizer
+            tok = _checkpoint(f"{key}.teacher", t.teacher)
+            try:
+                if student_tok is not None:
+                    check_same_vocab(tok, student_tok, names=("teacher", "student"))
+            except ValueError as e:
+                raise ConfigError(f"{key}.teacher: {t.teacher!r} and pretrained.student {pre.student!r}: {e}") from None
+        if t.kind != "countdown":
+            _data_file(f"{key}.train", t.kind, t.train, False, t.max_new_tokens)
         if t.test:
             _data_file(f"{key}.test", t.kind, t.test, True, t.max_new_tokens)
     for i, b in enumerate(pre.benchmarks):

@@ -29,6 +29,9 @@ REQUIRED_COLUMNS = ("run_id", "task", "policy", "lam", "kl", "lr", "seed", "dtyp
                     "base_accuracy", "pass_at_10", "forgetting", "sparsity", "collapsed", "wall_s")
 # Columns that measure time, and so differ between two runs of the same cell.
 WALL_TIME_COLUMNS = ("wall_s", "time_rollout_s", "time_step_s", "time_eval_s")
+# Where the run's models were on disk: the same study under another outputs root differs only here
+# (the models' identities, student_id / teacher_id, do not depend on where they are).
+LOCATION_COLUMNS = ("student_path", "teacher_path")
 CELL = ("task", "policy", "lam", "kl", "lr")  # a grid cell; seeds are its repetitions
 CORE_POLICIES = ("off", "on")
 CORE_KLS = ("forward", "reverse")

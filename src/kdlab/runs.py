@@ -68,8 +68,7 @@ def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, see
         out[f"pass_at_{k}"] = v
     for h in ev.harder:
         if h != task_name and task_name.startswith("countdown"):
-            ht = get_task(h, trace=profile.trace)
-            hard_test = held_out(ht, ev.n_test, seed=profile.data_seed)
+            ht, hard_test = materials.test_set(profile, h, ev.n_test)
             out[f"{h}_accuracy"] = accuracy(model, ht, hard_test, codec=codec)
             if ev.harder_pass:
                 hk = pass_at_ks(model, ht, hard_test[:ev.pass_problems], n=ev.pass_n, ks=ks,

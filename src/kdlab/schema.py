@@ -11,6 +11,10 @@ TARGET_TASKS = ("countdown-3", "countdown-4", "countdown-4e", "kb-mc", "rules-mc
 DFS_VARIANTS = ("countdown-3",)
 # Parameter dtypes: bf16 keeps no fp32 master copy (as in the paper); fp32 for comparison.
 DTYPES = ("bf16", "fp32")
+# Real models kdlab imports from a package of the registry (kdlab.recipes), by name.
+IMPORTABLE = ("smollm2",)
+# A task teacher kdlab builds by supervised fine-tuning of the student's base (kdlab.recipes).
+SFT_TEACHER = "sft"
 # Model families and size presets of kdlab's toy models: (hidden, layers, heads, kv_heads, mlp).
 FAMILIES = ("llama", "qwen2")
 PRESETS: dict[str, dict[str, int]] = {

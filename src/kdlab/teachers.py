@@ -217,6 +217,8 @@ def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = N
             tasks = [role]
         else:
             tasks = [t.name for t in profile.pretrained.tasks] if real else student_tasks(profile)
+        if real:  # the harder variants too (toy: the runs record them)
+            tasks += [h for h in profile.eval.harder if h not in tasks]
         for t in tasks:
             task, test = materials.test_set(profile, t, n_test)
             acc = accuracy(model, task, test, codec=codec)

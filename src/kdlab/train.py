@@ -1,8 +1,10 @@
-"""Supervised pretraining of student bases and task teachers on reference traces.
+"""Supervised fine-tuning of student bases and task teachers on reference traces.
 
-This is how the embedded default makes its models: a mixture of tasks (target tasks and probe
-skills) with weights, next-token cross-entropy on completion tokens only, AdamW with warmup and
-cosine decay, fp32 master weights under bf16 autocast. Distillation lives in ``kdlab.distill``.
+This is how kdlab makes its models: a mixture of tasks (target tasks and probe skills) with
+weights, next-token cross-entropy on completion tokens only, AdamW with warmup and cosine decay,
+fp32 master weights under bf16 autocast. The same loop trains kdlab's toy models (char
+tokenizer) and real checkpoints (``codec``: a Hugging Face tokenizer with its chat template,
+micro-batches). Distillation lives in ``kdlab.distill``.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from .batching import pad_left, pad_right, response_logits
-from .data import ProblemPool, completion_ids, prompt_ids
+from .codec import CHAR
+from .data import ProblemPool
 from .tasks.base import Task
 
 
@@ -30,6 +33,7 @@ class SFTSchedule:
     seed: int = 0
     pool_size: int = 20000
     autocast_bf16: bool = True
+    micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = the whole batch
 
 
 def lr_at(step: int, sched: SFTSchedule) -> float:
@@ -39,19 +43,22 @@ def lr_at(step: int, sched: SFTSchedule) -> float:
     return sched.lr * (sched.min_lr_ratio + (1 - sched.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
-def sft_loss(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]]) -> torch.Tensor:
-    """Mean cross-entropy (nats/token) over completion tokens."""
-    p, pm = pad_left(prompts)
-    r, rm = pad_right(completions)
-    logits = response_logits(model, p, pm, r, rm)  # (B, R, V)
-    return F.cross_entropy(logits.float()[rm], r[rm])
+def sft_loss(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], codec=CHAR,
+             reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy (nats/token) over completion tokens: their mean, or their sum."""
+    p, pm = pad_left(prompts, codec.pad_id)
+    r, rm = pad_right(completions, pad_id=codec.pad_id)
+    logits = response_logits(model, p, pm, r, rm, codec.vocab_size)  # (B, R, V)
+    return F.cross_entropy(logits.float()[rm.to(logits.device)], r.to(logits.device)[rm.to(logits.device)],
+                           reduction=reduction)
 
 
 def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSchedule,
         desc: str = "sft", progress: bool = True, start_step: int = 0,
         optimizer: torch.optim.Optimizer | None = None, on_checkpoint=None, checkpoint_every: int = 0,
-        until: int | None = None) -> list[dict]:
+        until: int | None = None, codec=CHAR) -> list[dict]:
     """Train ``model`` in place on a weighted task mixture; returns the loss history.
+    ``codec`` renders prompts and reference completions (``kdlab.codec``).
 
     ``on_checkpoint(step, optimizer)`` is called every ``checkpoint_every`` steps (resumability);
     ``until`` stops early (the schedule still spans ``sched.steps``).
@@ -76,14 +83,26 @@ def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSch
         prompts, comps = [], []
         for k in picks:
             prob = rng.choice(pools[k].problems)
-            prompts.append(prompt_ids(prob.prompt))
-            comps.append(completion_ids(pools[k].task.reference(prob, rng)))
+            prompts.append(codec.prompt(prob.prompt))
+            comps.append(codec.completion(pools[k].task.reference(prob, rng)))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, sched)
-        with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=sched.autocast_bf16):
-            loss = sft_loss(model, prompts, comps)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        mb = sched.micro_batch_size or len(prompts)
+        if mb >= len(prompts):
+            with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=sched.autocast_bf16):
+                loss = sft_loss(model, prompts, comps, codec)
+            loss.backward()
+        else:  # gradient accumulation: summed token losses over the batch's token count
+            n_tokens = sum(len(c) for c in comps)
+            total = 0.0
+            for i in range(0, len(prompts), mb):
+                with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
+                                    enabled=sched.autocast_bf16):
+                    part = sft_loss(model, prompts[i:i + mb], comps[i:i + mb], codec, reduction="sum") / n_tokens
+                part.backward()
+                total += part.item()
+            loss = torch.tensor(total)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         val = loss.item()

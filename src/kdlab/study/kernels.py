@@ -14,7 +14,6 @@ import os
 import queue
 import re
 import shutil
-import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -342,7 +341,7 @@ def _run_on_ray(address: str, todo: list[Job], ctx: "Context", on_done: Callable
     """The grid on a Ray cluster: one task per cell, each executing the run notebook with
     papermill on its worker (so every run still leaves its executed notebook). Same resume
     (complete runs are skipped) and failure (``error.json``, the study goes on) semantics."""
-    from .distributed import RunSpec, run_on_ray
+    from ..distributed import RunSpec, run_on_ray
 
     specs = []
     for job in todo:
@@ -438,19 +437,3 @@ def _run_jobs(todo: list[tuple[Job, bool]], ctx: Context, desc: str) -> None:
         bar.update(1)
         bar.set_postfix(failed=len(ctx.failed))
     bar.close()
-
-
-def _say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def _started(starts: list[Future], kernels: list[WarmKernel]) -> bool:
-    """Wait for kernel start-ups; on a failure say why (and where the kernel's log is)."""
-    for kernel, start in zip(kernels, starts):
-        try:
-            start.result()
-        except Exception as e:  # noqa: BLE001 - reported; the study cannot run without its kernels
-            print(f"kdlab study: could not start Jupyter kernel {kernel.index}: {type(e).__name__}: {e}"
-                  + (f"\n  kernel log: {kernel.log_path}" if kernel.log_path else ""), file=sys.stderr)
-            return False
-    return True

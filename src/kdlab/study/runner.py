@@ -26,6 +26,7 @@ import os
 import re
 import sys
 import time
+from concurrent.futures import Future
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from ..followups import rlvr_starts, students_to_save, style_cells
 from ..atomic import write_json_atomic, write_text_atomic
 from ..preflight import check_profile
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
-                      _record_error, _run_jobs, _run_on_ray, _say, _started)
+                      _record_error, _run_jobs, _run_on_ray)
 from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook, _pending,
                    analysis_notebooks, expand_grid, rlvr_job, run_is_complete, run_job, schedule, study_dir_of)
 
@@ -88,7 +89,10 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
     t_study = time.perf_counter()
     profile = load_profile(params, overrides)
-    check_profile(profile)  # every path, checkpoint, tokenizer and data file it names, before any work
+    try:  # every path, checkpoint, tokenizer and data file it names, before any work
+        check_profile(profile)
+    except ConfigError as e:
+        raise ConfigError(f"{params}: {e}") from None
     if ray_address is None and profile.pretrained.ray_address:  # a real profile may name its cluster
         ray_address, gpus_per_run = profile.pretrained.ray_address, profile.pretrained.gpus_per_run
     companions = [companion_profile(profile, suffix) for suffix in profile.companions]
@@ -341,3 +345,19 @@ def _check_kernel(name: str) -> str | None:
         return (f"Jupyter kernel {name!r} is not installed; install it with "
                 f"`{sys.executable} -m ipykernel install --sys-prefix --name {name}`")
     return None
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def _started(starts: list[Future], kernels: list[WarmKernel]) -> bool:
+    """Wait for kernel start-ups; on a failure say why (and where the kernel's log is)."""
+    for kernel, start in zip(kernels, starts):
+        try:
+            start.result()
+        except Exception as e:  # noqa: BLE001 - reported; the study cannot run without its kernels
+            print(f"kdlab study: could not start Jupyter kernel {kernel.index}: {type(e).__name__}: {e}"
+                  + (f"\n  kernel log: {kernel.log_path}" if kernel.log_path else ""), file=sys.stderr)
+            return False
+    return True

@@ -54,6 +54,7 @@ from functools import lru_cache
 from math import gcd
 from typing import Union
 
+from kdlab.schema import DFS_VARIANTS  # longer dfs traces can exceed the models' positions
 from kdlab.tasks.base import ANSWER_MARK, SPLITS, Problem, Task, final_answer, split_of
 
 Number = Union[int, Fraction]
@@ -61,7 +62,6 @@ Step = tuple[Number, str, Number, Number]  # (left, op, right, result)
 
 VARIANTS: dict[str, int] = {"countdown-3": 3, "countdown-4": 4, "countdown-4e": 4}
 TRACE_STYLES: tuple[str, ...] = ("direct", "steps", "search", "dfs")
-from ..schema import DFS_VARIANTS  # noqa: E402 - longer dfs traces can exceed the models' positions
 DEAD_MARK = "!"
 TAG = "c"
 MIN_NUMBER, MAX_NUMBER = 1, 99
@@ -808,3 +808,40 @@ class CountdownTask(Task):
         if answer is None:
             return 0.0
         return 1.0 if verify(problem.data["numbers"], problem.data["target"], answer) else 0.0
+
+
+NL_ANSWER = "Answer:"
+
+
+class NaturalCountdownTask(CountdownTask):
+    """Countdown in natural language, for models with a real tokenizer and a chat template.
+
+    The same problems, splits and keys as ``CountdownTask(variant)``; the prompt names the numbers
+    and the target in words, and a completion ends with ``Answer: <expression>``, e.g.
+    ``48-35=13, 54+13=67. Answer: 54+48-35``. The verifier reads the expression after the last
+    ``Answer:`` (up to the end of that line) with exact rational arithmetic.
+    """
+
+    def __init__(self, variant: str = "countdown-3", max_new_tokens: int = 64) -> None:
+        super().__init__(variant, trace="steps")
+        self.max_new_tokens = max_new_tokens
+
+    @staticmethod
+    def render(numbers: list[int], target: int) -> str:
+        listed = ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+        return (f"Using the numbers {listed}, make {target}. Use each number exactly once, with + - * / and "
+                f"parentheses. Write the steps, then the final expression after \"{NL_ANSWER}\".")
+
+    def problems(self, split: str, count: int, seed: int = 0) -> list[Problem]:
+        return [Problem(task=self.name, key=p.key, prompt=self.render(p.data["numbers"], int(p.data["target"])),
+                        data=p.data) for p in super().problems(split, count, seed)]
+
+    def reference(self, problem: Problem, rng: random.Random) -> str:
+        steps, answer = super().reference(problem, rng).split(ANSWER_MARK)
+        return f"{steps.replace(',', ', ')}. {NL_ANSWER} {answer}"
+
+    def score(self, problem: Problem, completion: str) -> float:
+        if NL_ANSWER not in completion:
+            return 0.0
+        answer = completion.rsplit(NL_ANSWER, 1)[1].strip().split("\n")[0].strip().rstrip(".")
+        return 1.0 if answer and verify(problem.data["numbers"], problem.data["target"], answer) else 0.0

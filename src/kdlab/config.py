@@ -150,7 +150,7 @@ class StyleSpec:
                             "of style.task (its adoption rate, not its accuracy, is what the runs need)")
     n_test: int = _f(200, lo=1)
     policies: list[str] = _f(factory=lambda: ["off", "on"], choices=("off", "on"))
-    kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=("forward", "reverse", "jsd", "k1", "k2", "k3"))
+    kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=KL_KINDS)
     lrs: list[float] = _f(factory=list, doc="learning rates of the style runs; [] = the grid's first (low) rate")
     seeds: list[int] = _f(factory=lambda: [0], lo=0)
 

@@ -22,8 +22,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .codec import CHAR, HFCodec
 from .config import Profile
 from .tasks.base import Problem, Task, held_out
@@ -137,11 +135,12 @@ def model_id(path: str | Path) -> str:
 def load_model(profile: Profile, path: str | Path, dtype: str = "fp32", train: bool = False):
     """(model, codec) of one checkpoint; ``train``: with gradient checkpointing (real models,
     when the profile asks for it)."""
+    from .distill import DTYPES
     from .hf import load_pretrained
     from .models import load_checkpoint
 
     if not is_real(profile):
-        return load_checkpoint(path, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[dtype]), CHAR
+        return load_checkpoint(path, dtype=DTYPES[dtype]), CHAR
     pre = profile.pretrained
     model, tok = load_pretrained(path, dtype, pre.device, gradient_checkpointing=train and pre.gradient_checkpointing)
     return model, HFCodec.of(tok, model, max_prompt_tokens=pre.max_prompt_tokens)

@@ -22,6 +22,7 @@ from .data import ProblemPool
 from .distill import DTYPES, RunConfig, distill, offpd_rollouts
 from .evaluate import accuracy, pass_at_ks
 from .atomic import write_atomic, write_json_atomic
+from .kl import ESTIMATORS
 from .metrics import update_sparsity
 from .models import load_checkpoint, save_checkpoint
 from .tasks import get_task
@@ -183,7 +184,7 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     metrics: dict[str, Any] = {
         "run_id": cfg.run_id, "task": cfg.task, "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr,
         "seed": cfg.seed, "dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "steps": cfg.steps,
-        "sampled_direction": cfg.sampled_direction if cfg.kl in ("k1", "k2", "k3") else None, "jsd_beta": cfg.jsd_beta,
+        "sampled_direction": cfg.sampled_direction if cfg.kl in ESTIMATORS else None, "jsd_beta": cfg.jsd_beta,
         "batch_size": cfg.batch_size, "temperature": cfg.temperature,
         "experiment": "style" if style else "grid",
         **materials.describe(profile, {**paths, cfg.task: teacher_dir}, cfg.task),

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sstats
 
+from ..kl import ESTIMATORS
 from .stats import anova_table, holm, paired_comparisons
 from .table import lr_levels, main_grid, variant_columns
 
@@ -456,7 +457,7 @@ def finding_13(df: pd.DataFrame) -> FindingResult:
     """
     test = _first_line(finding_13)
     parts, texts, values = [], [], {}
-    sampled = df[df["kl"].isin(["k1", "k2", "k3"])]
+    sampled = df[df["kl"].isin(ESTIMATORS)]
     if not sampled.empty and sampled["lr"].nunique() >= 2:
         lo, hi = float(sampled["lr"].min()), float(sampled["lr"].max())
         if "sampled_direction" in sampled.columns and sampled["sampled_direction"].nunique() == 2 \

@@ -15,9 +15,10 @@ from typing import Any
 
 import pandas as pd
 
+from ..kl import ESTIMATORS
 from .table import load_results, main_grid, resolve_path
 
-SAMPLED = ("k1", "k2", "k3")
+SAMPLED = ESTIMATORS
 
 
 def load_companions(study_dir: str | Path) -> list[dict[str, Any]]:

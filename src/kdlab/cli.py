@@ -6,17 +6,22 @@ import json
 import sys
 from pathlib import Path
 
-from .config import read_yaml
+import yaml
+
 from .atomic import write_json_atomic
+from .config import ConfigError, read_yaml
 
 
 def _overrides(pairs: list[str]) -> dict:
     out = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise SystemExit(f"kdlab: --set expects KEY=VALUE, got {pair!r}")
+            raise ConfigError(f"--set expects KEY=VALUE, got {pair!r}")
         k, v = pair.split("=", 1)
-        out[k] = read_yaml(v)
+        try:
+            out[k] = read_yaml(v)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {pair}: the value is not valid YAML: {' '.join(str(e).split())}") from None
     return out
 
 
@@ -76,11 +81,30 @@ def cmd_teachers(args) -> int:
 def cmd_distill(args) -> int:
     from .runs import execute_run, run_config_from
 
+    from .config import load_profile
+
     profile = _profile(args)
+    # The flags are checked as the same values in a profile would be (one validator for both).
+    flags = {"grid.kls": [args.kl], "grid.seeds": [args.seed]}
+    flags.update({"grid.lrs": [args.lr]} if args.lr is not None else {})
+    flags.update({"grid.lambdas": [args.lam]} if args.lam is not None else {})
+    try:
+        load_profile(args.params, {**_overrides(args.set), **flags})
+    except ConfigError as e:
+        raise ConfigError(f"{e}".replace("grid.kls", "--kl").replace("grid.lrs", "--lr").replace("grid.seeds", "--seed")
+                          .replace("grid.lambdas", "--lam")) from None
+    tasks = list(dict.fromkeys(profile.grid.tasks + (profile.grid.lambda_tasks if profile.grid.lambdas else [])))
+    if args.task is not None and args.task not in tasks:
+        raise ConfigError(f"--task {args.task!r}: profile {args.params} distils {tasks} (its teachers are for those); "
+                          f"add it to grid.tasks to build its teacher")
     cfg = run_config_from(profile, task=args.task, policy=args.policy, lam=args.lam, kl=args.kl, lr=args.lr, seed=args.seed)
     out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "runs" / cfg.run_id
     metrics = execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models", save_student=args.save_student)
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=2))
+    if metrics["collapsed"]:
+        print(f"kdlab: run {cfg.run_id} collapsed at step {metrics['collapse_step']} (a non-finite loss or weight); "
+              f"its metrics are in {out / 'metrics.json'}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -128,6 +152,8 @@ def cmd_diagnose(args) -> int:
 def cmd_study(args) -> int:
     from .study import run_study
 
+    if args.workers < 1:
+        raise ConfigError(f"--workers {args.workers}: must be at least 1")
     return run_study(args.params, outputs=_outputs_root(args), workers=args.workers, overrides=_overrides(args.set),
                      progress=not args.quiet, ray_address=args.ray_address, gpus_per_run=args.gpus_per_run)
 
@@ -136,8 +162,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kdlab", description=__doc__)
     parser.add_argument("--outputs", default="outputs", help="outputs root (default: ./outputs)")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    # --outputs is also accepted after the subcommand (SUPPRESS: absent there, the top-level value stays)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--outputs", default=argparse.SUPPRESS, help="outputs root (default: ./outputs)")
 
-    p = sub.add_parser("teachers", help="build (or reuse) the student base and task teachers; print their table")
+    p = sub.add_parser("teachers", parents=[common], help="build (or reuse) the student base and task teachers; print their table")
     p.add_argument("params")
     p.add_argument("--rebuild", action="store_true",
                    help="train from scratch (ignoring shipped checkpoints) into outputs/models-rebuild and compare hashes")
@@ -146,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter (dotted key)")
     p.set_defaults(fn=cmd_teachers)
 
-    p = sub.add_parser("distill", help="one distillation run; writes metrics.json and history")
+    p = sub.add_parser("distill", parents=[common], help="one distillation run; writes metrics.json and history")
     p.add_argument("params")
     p.add_argument("--task", default=None)
     p.add_argument("--policy", default="off", choices=["off", "on", "lambda"])
@@ -159,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_distill)
 
-    p = sub.add_parser("rlvr", help="GRPO with the task's verifier from a checkpoint (profile's rlvr section)")
+    p = sub.add_parser("rlvr", parents=[common], help="GRPO with the task's verifier from a checkpoint (profile's rlvr section)")
     p.add_argument("params")
     p.add_argument("--start", default="base", help="checkpoint dir (a run's student/) or 'base'")
     p.add_argument("--seed", type=int, default=0)
@@ -167,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_rlvr)
 
-    p = sub.add_parser("diagnose", help="sort a checkpoint's greedy countdown answers by error mode (false finish, arithmetic error, ...)")
+    p = sub.add_parser("diagnose", parents=[common], help="sort a checkpoint's greedy countdown answers by error mode (false finish, arithmetic error, ...)")
     p.add_argument("params", help="profile (its trace style and data seed choose the held-out problems)")
     p.add_argument("checkpoint", help="checkpoint directory (a model in outputs/models, a run's student/)")
     p.add_argument("--task", default="countdown-3")
@@ -176,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_diagnose)
 
-    p = sub.add_parser("study", help="run a whole study profile: grid of run notebooks, results table, report")
+    p = sub.add_parser("study", parents=[common], help="run a whole study profile: grid of run notebooks, results table, report")
     p.add_argument("params")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--quiet", action="store_true")

@@ -7,6 +7,7 @@ the value and the valid choices, before any work starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -20,7 +21,17 @@ from .schema import DFS_VARIANTS, DTYPES, FAMILIES, IMPORTABLE, PRESETS, TARGET_
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.2 booleans: only true/false. (YAML 1.1 reads `off`/`on`, the policy names, as bools.)"""
+    """YAML 1.2 booleans: only true/false (YAML 1.1 reads `off`/`on`, the policy names, as bools);
+    a key given twice in one mapping is an error (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
@@ -39,8 +50,8 @@ class ConfigError(ValueError):
 
 
 def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, lo: float | None = None,
-       hi: float | None = None, factory: Any = None, doc: str = ""):
-    meta = {"choices": choices, "lo": lo, "hi": hi, "doc": doc}
+       hi: float | None = None, factory: Any = None, doc: str = "", lo_open: bool = False):
+    meta = {"choices": choices, "lo": lo, "hi": hi, "doc": doc, "lo_open": lo_open}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -62,7 +73,7 @@ class PretrainSpec:
     """Supervised training of a student base or a teacher (see kdlab.train)."""
     steps: int = _f(2000, lo=1)
     batch_size: int = _f(64, lo=1)
-    lr: float = _f(1e-3, lo=0.0, hi=1.0)
+    lr: float = _f(1e-3, lo=0.0, lo_open=True, hi=1.0)
     warmup: int = _f(100, lo=0)
     probe_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each probe skill")
     task_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each target task")
@@ -112,7 +123,7 @@ class GridSpec:
     lambda_tasks: list[str] = _f(factory=lambda: ["countdown-3"])
     kls: list[str] = _f(factory=lambda: ["forward", "reverse"])
     lrs: list[float] = _f(factory=lambda: [1e-4, 5e-4])
-    seeds: list[int] = _f(factory=lambda: [0, 1])
+    seeds: list[int] = _f(factory=lambda: [0, 1], lo=0)
 
 
 @dataclass
@@ -126,7 +137,7 @@ class RLVRSpec:
     steps: int = _f(300, lo=1)
     prompts_per_step: int = _f(16, lo=1)
     group_size: int = _f(8, lo=2)
-    lr: float = _f(1e-5, lo=0.0, hi=1.0)
+    lr: float = _f(1e-5, lo=0.0, lo_open=True, hi=1.0)
     clip_eps: float = _f(0.2, lo=1e-3, hi=1.0)
     kl_coef: float = _f(0.0, lo=0.0)
     temperature: float = _f(1.0, lo=1e-3, hi=10.0)
@@ -188,7 +199,7 @@ class SFTSpec:
     """Supervised fine-tuning of a real base on its tasks' reference solutions (kdlab.recipes)."""
     steps: int = _f(0, lo=0, doc="0 = no fine-tuning")
     batch_size: int = _f(16, lo=1)
-    lr: float = _f(1e-4, lo=0.0, hi=1.0)
+    lr: float = _f(1e-4, lo=0.0, lo_open=True, hi=1.0)
     warmup: int = _f(10, lo=0)
     micro_batch_size: int = _f(0, lo=0, doc="rows per forward/backward; 0 = the whole batch")
     seed: int = _f(0, lo=0)
@@ -317,6 +328,10 @@ def _check_range(key: str, value: Any, meta: Any) -> None:
     for v in items:
         if v is None:
             continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key}: {v!r} is not a finite number")
+        if meta.get("lo_open") and v <= meta["lo"]:
+            raise ConfigError(f"{key}: {v!r} must be above {meta['lo']}")
         if meta.get("choices") and v not in meta["choices"]:
             raise ConfigError(f"{key}: {v!r} is not a valid choice; choose from {list(meta['choices'])}")
         if meta.get("lo") is not None and v < meta["lo"]:
@@ -483,9 +498,11 @@ def read_profile_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[st
     if not path.exists():
         raise ConfigError(f"parameter file {path} does not exist")
     try:
-        data = read_yaml(path.read_text()) or {}
+        data = read_yaml(path.read_text())
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    if data is None:
+        raise ConfigError(f"{path}: the profile is empty (a study needs at least its name)")
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     parent = data.pop("extends", None)
@@ -508,8 +525,11 @@ def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> P
     for dotted, value in (overrides or {}).items():
         node = data
         *parents, last = dotted.split(".")
-        for part in parents:
+        for i, part in enumerate(parents):
             node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{path}: --set {dotted}: {'.'.join(parents[:i + 1])} is not a mapping "
+                                  f"(it holds {node!r}); set it whole, e.g. --set {'.'.join(parents[:i + 1])}=[...]")
         node[last] = value
     try:
         return validate_profile(from_dict(Profile, data))

@@ -6,10 +6,7 @@ refusal of what the profile names on disk, before anything is written."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,7 +20,7 @@ from kdlab.cli import main
 from kdlab.config import load_profile
 from kdlab.results import REQUIRED_COLUMNS
 from kdlab.study import expand_grid, notebook_finished, run_study
-from test_study import _kill_tree, ensure_kernel
+from test_study import ensure_kernel, kill_after_first_run
 from tiny_hf import build_checkpoint, build_tokenizer, write_real_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -81,25 +78,19 @@ def test_real_checkpoint_study_runs_the_grid_through_notebooks_table_and_report(
     assert grads["models"]["demo"] is False  # the study's own checkpoints, not the demo models
 
 
-def test_real_study_resumes_after_a_kill_and_records_a_failing_run(real_study, tmp_path, capsys):
-    if real_study.family != "qwen2":
-        pytest.skip("one family is enough for the kill and failure semantics (both run the full study above)")
+@pytest.fixture(scope="module")
+def qwen_profile(tmp_path_factory) -> Path:
+    return write_real_profile(tmp_path_factory.mktemp("resume"), "qwen2")
+
+
+def test_real_study_resumes_after_a_kill_and_records_a_failing_run(qwen_profile, tmp_path, capsys):
+    """Kill and failure semantics on one family (both families run the full study above)."""
+    real_study = SimpleNamespace(profile=qwen_profile)
     sets = ["--set", "grid.tasks=[mc]", "--set", "grid.lambdas=[]", "--set", "grid.lrs=[1.0e-4]"]
     outputs = tmp_path / "out"
     argv = ["--outputs", str(outputs), "study", str(real_study.profile), "--workers", "1", "--quiet", *sets]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     study = outputs / "hf-tiny"
-    with open(tmp_path / "first.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "kdlab", *argv], cwd=tmp_path, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 240
-            while not list(study.glob("runs/*/metrics.json")):
-                assert proc.poll() is None, (tmp_path / "first.log").read_text()
-                assert time.monotonic() < deadline, "no run finished in time"
-                time.sleep(0.02)
-        finally:
-            _kill_tree(proc)
+    kill_after_first_run(argv, study, tmp_path)
     before = {p.parent.name: p.stat().st_mtime_ns for p in study.glob("runs/*/metrics.json")}
     assert 1 <= len(before) < 4
     # A file where the OffPD rollout cache belongs: the off-policy runs not yet done fail for real.

@@ -239,13 +239,10 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     psutil.wait_procs(family, timeout=30)
 
 
-def test_study_killed_after_its_first_run_finishes_on_rerun(tiny_models, full_study, tmp_path, capsys):
-    outputs = outputs_with_models(tmp_path / "out", tiny_models)
-    # Three cells of the clean study: off, on and lambda=+0.5 (forward KL, low lr).
-    sets = {**FAST, "grid.kls": ["forward"], "grid.lrs": [1e-4], "grid.lambdas": [0.5]}
-    argv = ["--outputs", str(outputs), "study", str(TINY), "--workers", "1", "--quiet", *set_args(sets)]
+def kill_after_first_run(argv: list[str], study: Path, tmp_path: Path) -> None:
+    """Start ``kdlab ARGV`` in its own session and SIGKILL it (kernels included) as soon as the
+    first run of ``study`` has written its metrics.json."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    study = outputs / "tiny"
     with open(tmp_path / "first.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "kdlab", *argv], cwd=tmp_path, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
@@ -257,6 +254,15 @@ def test_study_killed_after_its_first_run_finishes_on_rerun(tiny_models, full_st
                 time.sleep(0.02)
         finally:
             _kill_tree(proc)
+
+
+def test_study_killed_after_its_first_run_finishes_on_rerun(tiny_models, full_study, tmp_path, capsys):
+    outputs = outputs_with_models(tmp_path / "out", tiny_models)
+    # Three cells of the clean study: off, on and lambda=+0.5 (forward KL, low lr).
+    sets = {**FAST, "grid.kls": ["forward"], "grid.lrs": [1e-4], "grid.lambdas": [0.5]}
+    argv = ["--outputs", str(outputs), "study", str(TINY), "--workers", "1", "--quiet", *set_args(sets)]
+    study = outputs / "tiny"
+    kill_after_first_run(argv, study, tmp_path)
     before = {p.parent.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in study.glob("runs/*/metrics.json")}
     assert 1 <= len(before) < 3
 

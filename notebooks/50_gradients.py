@@ -51,7 +51,8 @@ max_new_tokens = 8  # response length cap (short keeps the importance ratios usa
 temperature = 1.0
 logratio_clip = 5.0  # the sampler's safeguards (null to disable)
 plausibility_alpha = 0.1
-param_space = True  # also the parameter-space distance (one backward pass per response)
+param_space = None  # also the parameter-space distance (one gradient vector per response); None = toy models only
+# (a 135M-parameter model would hold 64 x 135M gradient entries)
 seed = 0
 threads = 0  # torch threads; 0 keeps torch's default (use 1 on a busy shared machine)
 
@@ -91,6 +92,8 @@ else:
           "method, not a result). Pass student_dir / teacher_dir or run `kdlab teachers` first.")
     student, teacher = ga.demo_models(seed)
     models = {"student": "demo: random nano", "teacher": "demo: random nano (sharpened)", "demo": True}
+if param_space is None:
+    param_space = not materials.is_real(profile) or models["demo"]
 if models["demo"]:
     profile = Profile()  # the demo models speak kdlab's char tokenizer: toy task prompts
 task_obj = materials.test_set(profile, task, 1)[0]

@@ -203,6 +203,9 @@ class SFTSpec:
     warmup: int = _f(10, lo=0)
     micro_batch_size: int = _f(0, lo=0, doc="rows per forward/backward; 0 = the whole batch")
     seed: int = _f(0, lo=0)
+    probes: float = _f(0.0, lo=0.0, hi=0.9, doc="share of each batch drawn from the seven probe skills in natural "
+                       "language (their train split), so the forgetting set starts above its floor, as the toy "
+                       "models are trained with probes mixed in")
 
 
 @dataclass

@@ -65,6 +65,19 @@ def fine_tuned(profile: Profile, root: str | Path, role: str, tasks: list[str], 
     return _train(profile, path, key, tasks, spec, base, progress)
 
 
+def sft_mixture(profile: Profile, tasks: list[str], spec: SFTSpec) -> list:
+    """[(task, weight), ...] of a fine-tuning: the target tasks share ``1 - spec.probes`` of each
+    batch equally, the seven natural-language probe skills share ``spec.probes`` equally."""
+    from . import materials
+    from .tasks.probes import natural_probes
+
+    mix = [(materials.target_task(profile, t), (1.0 - spec.probes) / len(tasks)) for t in tasks]
+    if spec.probes > 0:
+        probes = natural_probes()
+        mix += [(p, spec.probes / len(probes)) for p in probes]
+    return mix
+
+
 def _train(profile: Profile, path: Path, key: dict[str, Any], tasks: list[str], spec: SFTSpec, base: Path,
            progress: bool) -> Path:
     from . import materials
@@ -76,8 +89,8 @@ def _train(profile: Profile, path: Path, key: dict[str, Any], tasks: list[str], 
     model, codec = materials.load_model(profile, base, "fp32", train=True)  # fp32 master, bf16 autocast
     sched = SFTSchedule(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=spec.warmup, seed=spec.seed,
                         micro_batch_size=spec.micro_batch_size, pool_size=5000)
-    history = sft(model, [(materials.target_task(profile, t), 1.0) for t in tasks], sched, desc=f"train {key['role']}",
-                  progress=progress, codec=codec)
+    history = sft(model, sft_mixture(profile, tasks, spec), sched, desc=f"train {key['role']}", progress=progress,
+                  codec=codec)
     model.to(torch.bfloat16)  # frozen teachers and distilled students are bf16, as the toy's are
 
     def fill(tmp: Path) -> None:

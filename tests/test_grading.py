@@ -386,3 +386,15 @@ def test_math500_wrong_answers_grade_wrong() -> None:
     rate = 1 - len(accepted) / len(negatives)
     print(f"MATH-500 negatives graded wrong: {rate:.2%} of {len(negatives)}")
     assert rate >= 0.99, f"{len(accepted)} wrong answers accepted: {accepted}"
+
+
+def test_grade_math_decides_with_math_verify_quietly(caplog) -> None:
+    import logging
+
+    from kdlab.tasks import grading
+
+    assert grading._math_verify().__name__ == "math_verify"
+    with caplog.at_level(logging.DEBUG):
+        assert grade_math("so $\\boxed{\\frac{\\sqrt{2}}{2}}$", "\\frac{1}{\\sqrt2}")
+        assert not grade_math("so $\\boxed{\\frac{\\sqrt{3}}{2}}$", "\\frac{1}{\\sqrt2}")
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], "math-verify logged warnings"

@@ -135,3 +135,16 @@ def test_notebook_80_explorer(tmp_path):
     ref = df[df.kl == "forward"].groupby(["lr", "policy"])["sparsity"].mean().reset_index()
     np.testing.assert_allclose(got.sort_values(["lr", "policy"])["mean"], ref.sort_values(["lr", "policy"])["sparsity"])
     assert (out / "explorer.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("make", [lambda: TeachingKLWidget(steps=50),
+                                  lambda: ResultsExplorer(prepare_results(synthetic_results(seeds=(0, 1))))],
+                         ids=["teaching", "explorer"])
+def test_widgets_carry_a_static_figure_and_no_repr(make):
+    w = make()
+    bundle = w._repr_mimebundle_()
+    assert "application/vnd.jupyter.widget-view+json" in bundle  # JupyterLab renders the live widget
+    assert '<img src="data:image/png;base64,' in bundle["text/html"]
+    assert "interactive in JupyterLab" in bundle["text/html"]
+    for text in bundle.values():
+        assert "children=" not in str(text) and "Widget(" not in str(text)

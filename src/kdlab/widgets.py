@@ -5,9 +5,14 @@ Agg backend, plus an ``HTML`` readout. Every callback only gathers the control v
 a plain function of ``kdlab.analysis`` (``teaching_scene`` / ``teaching_figure``,
 ``explorer_data`` / ``explorer_plot``), so the widgets can be driven headless in tests by setting
 ``.value`` or calling ``.click()`` on the controls.
+
+Displayed, each widget also carries a static stand-in (``_repr_mimebundle_``): JupyterLab shows
+the live widget; a static export (the study's ``report.html``) shows the current figure and a
+line saying that it is interactive in JupyterLab, never the widget's Python repr.
 """
 from __future__ import annotations
 
+import base64
 import html
 import random
 from typing import Any
@@ -17,6 +22,23 @@ import pandas as pd
 
 from .analysis.explore import explorer_data, explorer_plot
 from .analysis.table import FACTORS, metric_columns
+
+def _static_bundle(widget: widgets.Widget, png: bytes | None, readout: str, notebook: str,
+                   data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (ipywidgets' bundle) with a static stand-in: an HTML figure (the current PNG, its
+    readout and a line saying the figure is interactive in JupyterLab) and a one-line text form
+    instead of the widget's repr. JupyterLab renders the widget view (it ranks first); a static
+    export (nbconvert, the study's report.html) has no widget state and shows the HTML."""
+    img = (f'<img src="data:image/png;base64,{base64.b64encode(png).decode()}" alt="{html.escape(notebook)} figure" '
+           f'style="max-width:100%">' if png else "")
+    note = (f"Static figure of the {type(widget).__name__} widget; it is interactive in JupyterLab: open "
+            f"notebooks/{notebook}, run it and move the controls.")
+    data = dict(data)
+    data["text/html"] = (f'<div class="kdlab-static-widget">{img}<div>{readout}</div>'
+                         f'<p class="kdlab-interactive-note"><em>{html.escape(note)}</em></p></div>')
+    data["text/plain"] = note
+    return data
+
 
 _SLIDER = dict(continuous_update=False, style={"description_width": "initial"},
                layout=widgets.Layout(width="260px"))
@@ -104,6 +126,10 @@ class TeachingKLWidget(widgets.VBox):
     def _on_change(self, change: dict) -> None:
         self.update()
 
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        return _static_bundle(self, self.image.value, self.readout.value, "40_teaching_kl.ipynb",
+                              super()._repr_mimebundle_(**kwargs))
+
     def _on_random_start(self, button: widgets.Button) -> None:
         top = self.vocab_size - 1
         self.start.value = round(self._rng.uniform(0, top) * 2) / 2  # triggers update via observe
@@ -175,3 +201,7 @@ class ResultsExplorer(widgets.VBox):
 
     def _on_change(self, change: dict) -> None:
         self.update()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        return _static_bundle(self, self.image.value, self.summary.value, "80_explorer.ipynb",
+                              super()._repr_mimebundle_(**kwargs))

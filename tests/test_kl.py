@@ -492,3 +492,67 @@ def test_kl_loss_invalid_arguments():
         kl_loss(s, t, "k1", tokens=tokens.float(), sample_direction="reverse")
     with pytest.raises(ValueError, match="tokens"):
         kl_loss(s, t, "k1", tokens=tokens[:, :2], sample_direction="reverse")
+
+
+# ---------------------------------------------------------------------------------------------
+# the paper's sampled KL: one extra token per position, score-function surrogate
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_score_function_kl_is_unbiased_for_the_kl_and_its_gradient(direction, temperature):
+    """Monte Carlo on tiny random logits: the mean of the per-token values is the exact KL and the
+    mean student gradient of the surrogate is the exact KL's gradient (forward: teacher samples;
+    reverse: student samples, the score-function term carries the gradient)."""
+    from kdlab.kl import draw_tokens, score_function_kl
+
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    t = torch.randn(2, 3, 5, generator=g, dtype=torch.float64) * 1.5
+    n = 40_000
+    s_rep = s.clone().requires_grad_(True)
+    big_s, big_t = s_rep.expand(n, *s.shape), t.expand(n, *t.shape)
+    sampler = big_t if direction == "forward" else big_s
+    x = draw_tokens(sampler, generator=torch.Generator().manual_seed(1), temperature=temperature)
+    assert x.shape == (n, 2, 3) and x.dtype == torch.long
+    values = score_function_kl(big_s, big_t, x, direction, temperature=temperature)  # (n, 2, 3)
+    values.sum().div(n).backward()
+    s_ex = s.clone().requires_grad_(True)
+    exact = token_kl(s_ex, t, direction, temperature=temperature)
+    exact.sum().backward()
+    assert torch.allclose(values.detach().mean(0), exact.detach(), atol=0.05)
+    assert torch.allclose(s_rep.grad, s_ex.grad, atol=0.03), (s_rep.grad - s_ex.grad).abs().max()
+    # the teacher's logits get no gradient from the surrogate when detached, and a mask zeroes a position
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    mask[0, 1] = False
+    s2 = s.clone().requires_grad_(True)
+    xs = draw_tokens(t if direction == "forward" else s, generator=torch.Generator().manual_seed(2))
+    v = score_function_kl(s2, t, xs, direction, mask)
+    v.sum().backward()
+    assert v[0, 1] == 0 and torch.all(s2.grad[0, 1] == 0)
+
+
+def test_score_function_kl_through_kl_loss_and_invalid_arguments():
+    from kdlab.kl import LOSS_KINDS, SAMPLED_KINDS, draw_tokens, score_function_kl
+
+    assert "sf" in LOSS_KINDS and "sf" in SAMPLED_KINDS
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(2, 4, 7, generator=g), torch.randn(2, 4, 7, generator=g)
+    x = draw_tokens(t, generator=g)
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    loss = kl_loss(s, t, "sf", mask, samples=x, sample_direction="forward")
+    ref = score_function_kl(s, t, x, "forward", mask)
+    assert torch.allclose(loss, ref.sum() / 6)
+    # value of the reverse estimator: log p_S(x) - log p_T(x) at the drawn tokens
+    r = score_function_kl(s, t, x, "reverse")
+    ls, lt = F.log_softmax(s, -1).gather(-1, x[..., None])[..., 0], F.log_softmax(t, -1).gather(-1, x[..., None])[..., 0]
+    assert torch.allclose(r, ls - lt, atol=1e-6)
+    with pytest.raises(ValueError, match="samples"):
+        kl_loss(s, t, "sf", mask, sample_direction="forward")
+    with pytest.raises(ValueError, match="sample_direction"):
+        kl_loss(s, t, "sf", mask, samples=x)
+    with pytest.raises(ValueError, match="samples must have shape"):
+        score_function_kl(s, t, x[:, :2], "forward")
+    with pytest.raises(ValueError, match="ids in"):
+        score_function_kl(s, t, x + 7, "forward")

@@ -29,7 +29,9 @@ from torch.autograd.function import once_differentiable
 
 DIRECTIONS = ("forward", "reverse")
 ESTIMATORS = ("k1", "k2", "k3")
-LOSS_KINDS = ("forward", "reverse", "jsd", "k1", "k2", "k3")
+SCORE_FUNCTION = "sf"  # the paper's sampled KL: one extra token per position, score-function surrogate
+SAMPLED_KINDS = ESTIMATORS + (SCORE_FUNCTION,)  # the kinds that use ``sample_direction``
+LOSS_KINDS = ("forward", "reverse", "jsd", "k1", "k2", "k3", SCORE_FUNCTION)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -413,6 +415,97 @@ def sampled_kl(
     return _apply_mask(values, mask)
 
 
+def draw_tokens(logits: torch.Tensor, generator: torch.Generator | None = None,
+                temperature: float = 1.0) -> torch.Tensor:
+    """One token per position drawn from ``softmax(logits / temperature)``.
+
+    Args:
+        logits: (B, T, V) logits (any leading shape); not differentiated through.
+        generator: a ``torch.Generator`` on the logits' device (None: the global one).
+        temperature: divides the logits (> 0).
+
+    Returns:
+        (B, T) int64 token ids.
+    """
+    _check_temperature(temperature)
+    with torch.no_grad():
+        probs = torch.softmax(logits.detach().to(_compute_dtype(logits)) / temperature, dim=-1)
+        flat = probs.reshape(-1, probs.shape[-1])
+        draws = torch.multinomial(flat, 1, generator=generator) if flat.shape[0] else \
+            torch.zeros((0, 1), dtype=torch.long, device=flat.device)
+    return draws.reshape(probs.shape[:-1])
+
+
+def score_function_kl(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    samples: torch.Tensor,
+    direction: str,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """The sampled KL of the paper: one extra token per position, a score-function surrogate.
+
+    At every position t of the rollout a token ``x_t`` is drawn (by the caller, e.g.
+    :func:`draw_tokens`) from the teacher for ``"forward"`` (``x ~ p_T``) or from the student for
+    ``"reverse"`` (``x ~ p_S``), independently of the rollout's own token. With
+    ``d(x) = log p_T(x) - log p_S(x)``:
+
+    * forward, ``KL(p_T || p_S) = E_{x~p_T}[d(x)]``: the per-token value is ``d(x)`` (k1 on a
+      teacher sample); its student gradient ``-grad log p_S(x)`` is an unbiased estimate of
+      ``grad KL(p_T || p_S) = p_S - p_T`` (w.r.t. the student logits; the sampling law does not
+      depend on the student).
+    * reverse, ``KL(p_S || p_T) = E_{x~p_S}[-d(x)]``: the value is ``-d(x)``; since the sampling
+      law is the student's, the gradient needs the score function:
+      ``grad KL(p_S || p_T) = E_{x~p_S}[(log p_S(x) - log p_T(x)) grad log p_S(x)]`` (the term
+      ``E[grad log p_S(x)]`` is 0). The returned tensor has the value ``-d(x)`` and the gradient of
+      the surrogate ``stopgrad(-d(x)) * log p_S(x)`` (value + surrogate - stopgrad(surrogate)).
+
+    Both values are unbiased estimates of the KL and both student gradients are unbiased
+    estimates of the exact KL's gradient (tests/test_kl.py checks this by Monte Carlo). The
+    teacher gets no gradient from the surrogate term; detach its logits as usual.
+
+    Args:
+        student_logits, teacher_logits: (B, T, V) logits, same shape.
+        samples: (B, T) integer ids of the extra tokens (teacher samples for "forward", student
+            samples for "reverse", both at ``temperature``).
+        direction: "forward" or "reverse": the KL being estimated.
+        mask: optional (B, T) bool; False positions are exactly 0 (value and gradient).
+        temperature: divides both logits (> 0).
+
+    Returns:
+        (B, T) float32 tensor (float64 for float64 inputs), nats.
+    """
+    _check_logits(student_logits, teacher_logits)
+    _check_direction(direction)
+    _check_mask(mask, student_logits.shape[:-1])
+    _check_temperature(temperature)
+    _check_tokens(samples, student_logits, "samples")
+    samples = samples.long()
+    log_s = _token_log_probs(student_logits, samples, temperature)
+    log_t = _token_log_probs(teacher_logits, samples, temperature)
+    if direction == "forward":
+        values = log_t - log_s
+    else:
+        values = log_s - log_t
+        surrogate = values.detach() * log_s
+        values = values + (surrogate - surrogate.detach())
+    return _apply_mask(values, mask)
+
+
+def _check_tokens(tokens: torch.Tensor | None, logits: torch.Tensor, name: str = "tokens") -> None:
+    leading = logits.shape[:-1]
+    if not isinstance(tokens, torch.Tensor):
+        raise ValueError(f"{name} (B, T) integer tensor is required, got {tokens!r}")
+    if tokens.dtype in (torch.bool,) or tokens.is_floating_point() or tokens.is_complex():
+        raise ValueError(f"{name} must be an integer tensor, got dtype {tokens.dtype}")
+    if tokens.shape != leading:
+        raise ValueError(f"{name} must have shape {tuple(leading)}, got {tuple(tokens.shape)}")
+    vocab = logits.shape[-1]
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"{name} must be ids in [0, {vocab}), got values in [{int(tokens.min())}, {int(tokens.max())}]")
+
+
 def _token_log_probs(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float
 ) -> torch.Tensor:
@@ -434,6 +527,7 @@ def kl_loss(
     tokens: torch.Tensor | None = None,
     sample_direction: str | None = None,
     chunk_size: int | None = None,
+    samples: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scalar distillation loss: masked mean over tokens of a per-token divergence.
 
@@ -441,7 +535,8 @@ def kl_loss(
         student_logits, teacher_logits: (B, T, V) logits (detach the teacher yourself).
         kind: "forward" / "reverse" (full-vocabulary KL, :func:`token_kl`), "jsd"
             (:func:`generalized_jsd`, needs ``beta``), or "k1" / "k2" / "k3" (:func:`sampled_kl`,
-            needs ``tokens`` and ``sample_direction``).
+            needs ``tokens`` and ``sample_direction``), or "sf" (:func:`score_function_kl`, the
+            paper's sampled KL, needs ``samples`` and ``sample_direction``).
         mask: optional (B, T) bool of positions that count (response tokens).
         temperature: divides both logits (> 0).
         beta: teacher weight in [0, 1] for "jsd".
@@ -449,6 +544,8 @@ def kl_loss(
         sample_direction: for the sampled kinds, the KL being estimated: "reverse" (KL(S||T),
             tokens drawn from the student) or "forward" (KL(T||S), tokens drawn from the teacher).
         chunk_size: if given, "forward"/"reverse" use :func:`token_kl_chunked` with this chunk size.
+        samples: for "sf", (B, T) ids of the extra tokens, one per position, drawn from the teacher
+            ("forward") or the student ("reverse") at ``temperature`` (:func:`draw_tokens`).
 
     Arguments that do not apply to ``kind`` are ignored.
 
@@ -469,6 +566,13 @@ def kl_loss(
         if beta is None:
             raise ValueError("beta is required for kind='jsd', got None")
         per_token = generalized_jsd(student_logits, teacher_logits, beta, mask, temperature)
+    elif kind == SCORE_FUNCTION:
+        if sample_direction is None:
+            raise ValueError(f"sample_direction is required for kind={kind!r}, got None")
+        _check_direction(sample_direction, "sample_direction")
+        if samples is None:
+            raise ValueError(f"samples (B, T) integer tensor is required for kind={kind!r}, got None")
+        per_token = score_function_kl(student_logits, teacher_logits, samples, sample_direction, mask, temperature)
     else:
         _check_logits(student_logits, teacher_logits)
         _check_temperature(temperature)

@@ -75,10 +75,11 @@ display(R.wide(R.by_lr(runs, "sparsity", within=("rollout", "kl"))))
 
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(12, 4), constrained_layout=True)
+dodge = runs["cell"].nunique() > 1  # seaborn cannot dodge a single hue level
 for ax, metric in zip(axes, ["forgetting", "sparsity"]):
-    sns.pointplot(data=runs, x="lr_label", y=runs[metric] * 100, hue="cell", errorbar="sd", dodge=0.4,
-                  linestyle="none", ax=ax)
-    sns.stripplot(data=runs, x="lr_label", y=runs[metric] * 100, hue="cell", dodge=True, alpha=0.4,
+    sns.pointplot(data=runs, x="lr_label", y=runs[metric] * 100, hue="cell", errorbar="sd",
+                  dodge=0.4 if dodge else False, linestyle="none", ax=ax)
+    sns.stripplot(data=runs, x="lr_label", y=runs[metric] * 100, hue="cell", dodge=dodge, alpha=0.4,
                   legend=False, ax=ax)
     ax.set(xlabel="learning rate", ylabel="forgetting (points)" if metric == "forgetting" else "sparsity (% of parameters)")
 plt.show()

@@ -46,11 +46,16 @@ grid = main_grid(df)
 present = [m for m in metrics if m in grid.columns and grid[m].notna().any()]
 print(f"{len(df)} runs, {len(grid)} in the main grid; tasks {sorted(df.task.unique())}; metrics {present}")
 
+
+def stack(frames):
+    """The tables of every metric as one (empty when the main grid is)."""
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
 # %% [markdown]
 # ## 1. Which knob matters (partial eta squared)
 
 # %%
-anova = pd.concat([stats.anova_table(grid, m) for m in present], ignore_index=True)
+anova = stack([stats.anova_table(grid, m) for m in present])
 anova.to_csv(OUT / "anova.csv", index=False)
 knobs = stats.knob_table(grid, present)
 knobs.to_csv(OUT / "knob_table.csv")
@@ -81,7 +86,7 @@ anova.round(4)
 # ## 2. Matched OnPD - OffPD comparisons (paired by seed, Holm per metric)
 
 # %%
-paired = pd.concat([stats.paired_comparisons(grid, m, alpha=alpha) for m in present], ignore_index=True)
+paired = stack([stats.paired_comparisons(grid, m, alpha=alpha) for m in present])
 paired.to_csv(OUT / "paired.csv", index=False)
 paired.round(4)
 
@@ -93,7 +98,8 @@ seedvar = stats.seed_variance(df, present)
 seedvar.to_csv(OUT / "seed_variance.csv", index=False)
 config = [c for c in stats.CONFIG_COLUMNS if c in seedvar.columns and seedvar[c].notna().any()]
 shown = seedvar.assign(**{c: seedvar[c].astype(object).where(seedvar[c].notna(), "-") for c in config})
-shown.pivot_table(index=config, columns="metric", values="sd").round(4)
+(shown.pivot_table(index=config, columns="metric", values="sd").round(4) if len(shown)
+ else "no main-grid metric to compare")
 
 # %% [markdown]
 # ## 4. Mixed model with task as grouping factor

@@ -95,3 +95,19 @@ def test_cli_rejects_bad_params_before_work(tmp_path):
 def test_from_dict_nested_unknown():
     with pytest.raises(ConfigError, match="eval.bogus"):
         from_dict(Profile, {"eval": {"bogus": 1}})
+
+
+def test_paper_training_details_are_parameters(tmp_path):
+    """teacher/student temperatures, warm-up, prompts per step and fused AdamW: validated like any
+    key; unset they keep kdlab's toy behaviour; the paper profiles set the paper's values."""
+    d = load_profile(write(tmp_path, "name: x\n")).distill
+    assert (d.teacher_temperature, d.student_temperature, d.fused_adamw, d.warmup, d.batch_size) == (None, None, False, 0, 32)
+    p = load_profile(write(tmp_path, "distill: {teacher_temperature: 0.5, student_temperature: 1.0, fused_adamw: true, "
+                                     "warmup: 10}\ngrid: {kls: [sf]}\n"))
+    assert (p.distill.teacher_temperature, p.distill.fused_adamw, p.grid.kls) == (0.5, True, ["sf"])
+    for text, needle in (("distill: {teacher_temperature: 0}\n", "distill.teacher_temperature"),
+                         ("distill: {student_temperature: .nan}\n", "distill.student_temperature"),
+                         ("distill: {fused_adamw: 1}\n", "distill.fused_adamw"),
+                         ("distill: {warmup: -1}\n", "distill.warmup")):
+        with pytest.raises(ConfigError, match=needle):
+            load_profile(write(tmp_path, text))

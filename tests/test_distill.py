@@ -86,3 +86,71 @@ def test_bad_config_values_are_named():
         RunConfig(policy="maybe")
     with pytest.raises(ValueError, match="'fp16'"):
         RunConfig(dtype="fp16")
+
+
+# --------------------------------------------------------------------------- the paper's training details
+
+
+def test_training_details_default_to_kdlab_behaviour():
+    """Unset, the new parameters change nothing: sampling at ``temperature``, loss at 1, default
+    AdamW, constant lr without warm-up."""
+    from kdlab.distill import lr_at, make_adamw
+
+    cfg = RunConfig(temperature=0.8)
+    assert cfg.sample_temperatures() == (0.8, 0.8) and cfg.loss_temperatures() == (1.0, 1.0)
+    paper = RunConfig(teacher_temperature=0.5, student_temperature=1.0, warmup=10, fused_adamw=True)
+    assert paper.sample_temperatures() == (1.0, 0.5) and paper.loss_temperatures() == (1.0, 0.5)
+    assert [lr_at(s, 1e-5, 10) for s in (0, 4, 9, 10, 149)] == pytest.approx([1e-6, 5e-6, 1e-5, 1e-5, 1e-5])
+    assert lr_at(0, 1e-5, 0) == 1e-5
+    p = [torch.nn.Parameter(torch.zeros(3, dtype=torch.bfloat16))]
+    assert make_adamw(p, 1e-3, 0.0, False)[1] == "adamw"
+    opt, name = make_adamw(p, 1e-3, 0.0, True)
+    assert name == "adamw-fused" and opt.defaults["fused"]  # CPU supports fused AdamW in torch >= 2.4
+    with pytest.raises(ValueError, match="teacher_temperature"):
+        RunConfig(teacher_temperature=0.0)
+    with pytest.raises(ValueError, match="student_temperature"):
+        RunConfig(student_temperature=float("nan"))
+
+
+def test_explicit_unit_temperatures_reproduce_the_default_run(setup):
+    """teacher/student temperature 1 (with sampling temperature 1) is exactly kdlab's default run."""
+    a = run(setup, policy="on", kl="reverse", lr=1e-3, seed=3)
+    b = run(setup, policy="on", kl="reverse", lr=1e-3, seed=3, teacher_temperature=1.0, student_temperature=1.0)
+    assert [h["loss"] for h in a[2].history] == [h["loss"] for h in b[2].history]
+
+
+def test_teacher_temperature_enters_the_loss_and_the_sampling(setup):
+    from kdlab.codec import CHAR
+    from kdlab.rollout import sample
+
+    task, pool, teacher, offpd = setup
+    _, _, res = run(setup, policy="off", kl="forward", lr=1e-3, teacher_temperature=0.5, student_temperature=1.0)
+    _, _, ref = run(setup, policy="off", kl="forward", lr=1e-3)
+    assert res.history[0]["loss"] != ref.history[0]["loss"]
+    # the first loss is the forward KL from softmax(z_T / 0.5) to softmax(z_S) on the first batch
+    assert math.isclose(res.history[0]["loss"], res.history[0]["forward_kl"], rel_tol=1e-3, abs_tol=1e-4)
+    # sampling: the teacher's logits divided by teacher_temperature (OffPD, lam = -1)
+    prompts = [CHAR.prompt(p.prompt) for p in pool.problems[:6]]
+    x = sample(None, prompts, 12, lam=-1.0, teacher=teacher, temperature=1.0, teacher_temperature=0.5,
+               generator=torch.Generator().manual_seed(0))
+    y = sample(None, prompts, 12, lam=-1.0, teacher=teacher, temperature=0.5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x.tokens, y.tokens)
+
+
+@pytest.mark.parametrize("direction", ["forward", "reverse"])
+def test_paper_sampled_kl_warmup_and_fused_adamw_run(setup, direction):
+    _, _, res = run(setup, policy="on", kl="sf", sampled_direction=direction, lr=1e-3, warmup=2, fused_adamw=True,
+                    teacher_temperature=0.5, student_temperature=1.0)
+    assert not res.collapsed and len(res.history) == 3 and res.optimizer == "adamw-fused"
+    assert [h["lr"] for h in res.history] == pytest.approx([5e-4, 1e-3, 1e-3])
+    assert all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in res.history)
+
+
+def test_runs_record_the_training_details():
+    from kdlab.runs import training_details
+
+    d = training_details(RunConfig(kl="sf", teacher_temperature=0.5, warmup=10, batch_size=32), "adamw-fused")
+    assert d == {"teacher_sample_temperature": 0.5, "student_sample_temperature": 1.0, "teacher_loss_temperature": 0.5,
+                 "student_loss_temperature": 1.0, "lr_schedule": "constant", "warmup": 10, "prompts_per_step": 32,
+                 "optimizer": "adamw-fused", "sampled_estimator": "sf"}
+    assert training_details(RunConfig(), "adamw")["sampled_estimator"] is None

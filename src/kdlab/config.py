@@ -87,18 +87,30 @@ class PretrainSpec:
 
 @dataclass
 class DistillSpec:
+    """Distillation runs (kdlab.distill). The paper's training details and where kdlab's defaults
+    differ from them: docs/calibration.md section 15; params/paper*.yaml set the paper's values."""
     steps: int = _f(150, lo=1)
-    batch_size: int = _f(32, lo=1)
-    temperature: float = _f(1.0, lo=1e-3, hi=10.0)
+    batch_size: int = _f(32, lo=1, doc="prompts per optimisation step (one rollout each; the paper: 32)")
+    temperature: float = _f(1.0, lo=1e-3, hi=10.0, doc="rollout sampling temperature of a model whose own "
+                            "temperature (teacher_temperature / student_temperature) is null")
+    teacher_temperature: float | None = _f(None, lo=1e-3, hi=10.0, doc="the teacher's temperature in sampling "
+                                           "(OffPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 in "
+                                           "the loss (the paper's appendix as read: 0.5)")
+    student_temperature: float | None = _f(None, lo=1e-3, hi=10.0, doc="the student's temperature in sampling "
+                                           "(OnPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 in "
+                                           "the loss (the paper: 1.0)")
+    fused_adamw: bool = _f(False, doc="torch.optim.AdamW(fused=True) where the device supports it, else the default "
+                           "implementation (recorded per run as 'optimizer'); the paper: fused")
     grad_clip: float | None = _f(1.0, lo=0.0, doc="max grad norm; null disables clipping")
     dtype: str = _f("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
     jsd_beta: float = _f(0.5, lo=0.0, hi=1.0)
     sampled_direction: str = _f("reverse", choices=("forward", "reverse"),
-                                doc="the KL a sampled estimator (k1/k2/k3) targets")
+                                doc="the KL a sampled estimator (k1/k2/k3/sf) targets")
     logratio_clip: float | None = _f(5.0, lo=0.0)
     plausibility_alpha: float | None = _f(0.1, lo=0.0, hi=1.0)
     offpd_pool: int = _f(2048, lo=1, doc="teacher rollouts sampled once and reused (OffPD)")
-    warmup: int = _f(0, lo=0)
+    warmup: int = _f(0, lo=0, doc="learning-rate schedule: linear warm-up over this many steps, then constant "
+                     "(the paper: 10)")
     weight_decay: float = _f(0.0, lo=0.0)
 
 

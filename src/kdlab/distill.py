@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from . import schema
 from .batching import pad_left, pad_right, response_logits
 from .codec import CHAR
-from .kl import LOSS_KINDS, kl_loss, token_kl
+from .kl import LOSS_KINDS, SCORE_FUNCTION, draw_tokens, kl_loss, token_kl
 from .rollout import sample
 from .tasks.base import Problem, Task
 
@@ -62,6 +62,20 @@ class RunConfig:
     data_seed: int = 0
     micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = the whole batch
     kl_chunk_size: int = 0  # full-vocabulary KL over this many positions at a time (memory); 0 = at once
+    # The paper's training details (docs/calibration.md section 15). None / False = kdlab's toy behaviour.
+    teacher_temperature: float | None = None  # the teacher's temperature in sampling AND in the loss
+    student_temperature: float | None = None  # the student's temperature in sampling AND in the loss
+    fused_adamw: bool = False  # torch.optim.AdamW(fused=True) where the device supports it, else the default
+
+    def sample_temperatures(self) -> tuple[float, float]:
+        """(student, teacher) temperatures of rollout sampling: each model's own, else ``temperature``."""
+        return (self.temperature if self.student_temperature is None else self.student_temperature,
+                self.temperature if self.teacher_temperature is None else self.teacher_temperature)
+
+    def loss_temperatures(self) -> tuple[float, float]:
+        """(student, teacher) temperatures in the loss: each model's own, else 1 (kdlab's default)."""
+        return (1.0 if self.student_temperature is None else self.student_temperature,
+                1.0 if self.teacher_temperature is None else self.teacher_temperature)
 
     def __post_init__(self) -> None:
         if self.policy not in ("off", "on", "lambda"):
@@ -76,6 +90,12 @@ class RunConfig:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
         if not (self.lr > 0):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
+        for name in ("teacher_temperature", "student_temperature"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a positive number or None, got {v!r}")
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be >= 0, got {self.warmup!r}")
 
     @property
     def run_id(self) -> str:
@@ -90,6 +110,30 @@ class RunResult:
     collapse_step: int | None
     wall_s: float
     phase_s: dict[str, float] = field(default_factory=dict)
+    optimizer: str = "adamw"  # the AdamW implementation used: "adamw" or "adamw-fused"
+
+
+def make_adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float,
+               fused: bool) -> tuple[torch.optim.Optimizer, str]:
+    """AdamW (betas 0.9/0.999, eps 1e-8) and the name of its implementation.
+
+    ``fused=True`` asks for ``torch.optim.AdamW(fused=True)`` (one kernel per step; the paper's
+    choice) and falls back to the default implementation where the device or dtype does not
+    support it (the name then says ``adamw``). Fused and default AdamW compute the same update
+    up to floating-point rounding."""
+    kw = dict(lr=lr, weight_decay=weight_decay, betas=(0.9, 0.999), eps=1e-8)
+    if fused:
+        try:
+            return torch.optim.AdamW(params, fused=True, **kw), "adamw-fused"
+        except (RuntimeError, ValueError, TypeError):
+            pass
+    return torch.optim.AdamW(params, **kw), "adamw"
+
+
+def lr_at(step: int, lr: float, warmup: int) -> float:
+    """The learning-rate schedule: linear warm-up over ``warmup`` steps (step 0 at lr / warmup),
+    then constant at ``lr``; ``warmup`` 0 is constant from the first step."""
+    return lr * min(1.0, (step + 1) / warmup) if warmup else lr
 
 
 def _world() -> tuple[int, int]:
@@ -223,14 +267,19 @@ def _fast_cpu_attention(*models: torch.nn.Module) -> Iterator[None]:
 
 
 def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of: Callable, cfg: RunConfig,
-          codec, n_total: float) -> tuple[torch.Tensor, list[float]]:
+          codec, n_total: float, sf_gen: Callable[[torch.device], torch.Generator] | None = None
+          ) -> tuple[torch.Tensor, list[float]]:
     """Forward + backward of one batch slice in micro-batches; returns the summed (loss, forward
     KL, reverse KL) over its tokens. Micro-batch m's token-mean loss is weighted by
     ``world * n_m / n_total`` (``n_total``: the global token count), so the accumulated
-    gradient, averaged over ranks, is that of the global token mean."""
+    gradient, averaged over ranks, is that of the global token mean. The loss compares
+    ``softmax(z_S / tau_S)`` with ``softmax(z_T / tau_T)`` (``cfg.loss_temperatures()``); for
+    kl "sf" one extra token per position is drawn (``sf_gen``: the generator on a device) from
+    the teacher (forward) or the student (reverse)."""
     rows = batch["r"].shape[0]
     mb = cfg.micro_batch_size or rows
     _, world = _world()
+    tau_s, tau_t = cfg.loss_temperatures()
     sums = [0.0, 0.0, 0.0]
     for i in range(0, rows, mb):
         j = min(rows, i + mb)
@@ -239,8 +288,16 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
         s_logits = response_logits(student, batch["sp"][i:j], batch["spm"][i:j], r, rm, codec.vocab_size)  # (b, R, V)
         rm_d, r_d = rm.to(s_logits.device), r.to(s_logits.device)
         t_logits = t_logits.to(s_logits.device)
+        if tau_s != 1.0:
+            s_logits = s_logits / tau_s
+        if tau_t != 1.0:
+            t_logits = t_logits / tau_t
+        samples = None
+        if cfg.kl == SCORE_FUNCTION:
+            source = t_logits if cfg.sampled_direction == "forward" else s_logits
+            samples = draw_tokens(source, generator=sf_gen(s_logits.device) if sf_gen else None)
         loss = kl_loss(s_logits, t_logits, cfg.kl, rm_d, temperature=1.0, beta=cfg.jsd_beta, tokens=r_d,
-                       sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None)
+                       sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None, samples=samples)
         n_m = float(rm.sum())
         value = loss.item()
         sums[0] += value * n_m
@@ -293,8 +350,14 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     tp = teacher_prompt or (lambda p: p.prompt)
     separate_teacher_prompt = teacher_prompt is not None or bool(teacher_system)
     params = list(student.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999),
-                            eps=1e-8)
+    opt, opt_name = make_adamw(params, cfg.lr, cfg.weight_decay, cfg.fused_adamw)
+    temp_s, temp_t = cfg.sample_temperatures()
+    sf_gens: dict[str, torch.Generator] = {}
+
+    def sf_gen(dev: torch.device) -> torch.Generator:  # the extra tokens of kl "sf": own stream per run and rank
+        if str(dev) not in sf_gens:
+            sf_gens[str(dev)] = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
+        return sf_gens[str(dev)]
     cache = None
     if cfg.policy == "off" and _OffPDTeacherLogits.fits(teacher, offpd[1]):
         cache = _OffPDTeacherLogits(teacher, offpd[0], offpd[1],
@@ -318,7 +381,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             if cfg.policy != "off":
                 student.eval()
                 ro = sample(student, s_prompts, max_new, lam=cfg.lam, teacher=teacher, teacher_prompts=t_prompts,
-                            temperature=cfg.temperature, logratio_clip=cfg.logratio_clip,
+                            temperature=temp_s, teacher_temperature=temp_t, logratio_clip=cfg.logratio_clip,
                             plausibility_alpha=cfg.plausibility_alpha, generator=gen, codec=codec,
                             stop_early=world == 1)
                 r, rm = ro.tokens, ro.mask
@@ -338,13 +401,13 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                         return response_logits(teacher, tpids[i:j], tpm[i:j], r[i:j], rm[i:j], codec.vocab_size)
             if cfg.warmup:
                 for g in opt.param_groups:
-                    g["lr"] = cfg.lr * min(1.0, (step + 1) / cfg.warmup)
+                    g["lr"] = lr_at(step, cfg.lr, cfg.warmup)
             opt.zero_grad(set_to_none=True)
             if not student.training:
                 student.train()
             (n_total,) = _sum_over_ranks([float(rm.sum())], device)
             n_total = max(n_total, 1.0)
-            _, sums = _step(student, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total)
+            _, sums = _step(student, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
             loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
             loss_val = loss_sum / n_total
             if not math.isfinite(loss_val):
@@ -375,4 +438,4 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     opt.zero_grad(set_to_none=True)
     student.eval()
     return RunResult(history=history, collapsed=collapsed, collapse_step=collapse_step,
-                     wall_s=time.perf_counter() - t_start, phase_s=phase)
+                     wall_s=time.perf_counter() - t_start, phase_s=phase, optimizer=opt_name)

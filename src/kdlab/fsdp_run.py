@@ -91,7 +91,11 @@ class FSDPRunConfig:
     plausibility_alpha: float | None = 0.1
     kl_chunk_size: int | None = None  # chunked full-vocabulary KL (memory), see kdlab.kl.kl_loss
     jsd_beta: float = 0.5
-    sampled_direction: str = "reverse"  # for the sampled estimators k1 / k2 / k3
+    sampled_direction: str = "reverse"  # for the sampled estimators k1 / k2 / k3 / sf
+    teacher_temperature: float | None = None  # the teacher's temperature in sampling and loss (None: temperature / 1)
+    student_temperature: float | None = None  # the student's temperature in sampling and loss (None: temperature / 1)
+    warmup: int = 0  # linear warm-up steps, then a constant learning rate
+    fused_adamw: bool = False  # torch.optim.AdamW(fused=True) where supported
     shard_teacher: bool = True
     gradient_checkpointing: bool = False
     micro_batch_size: int = 0  # rows per forward/backward on each process (0 = its whole slice)
@@ -156,7 +160,8 @@ def run_config(cfg: FSDPRunConfig, task: RealTask) -> RunConfig:
                      dtype=cfg.dtype, jsd_beta=cfg.jsd_beta, sampled_direction=cfg.sampled_direction,
                      logratio_clip=cfg.logratio_clip, plausibility_alpha=cfg.plausibility_alpha,
                      offpd_pool=cfg.offpd_pool, data_seed=cfg.data_seed, micro_batch_size=cfg.micro_batch_size,
-                     kl_chunk_size=cfg.kl_chunk_size or 0)
+                     kl_chunk_size=cfg.kl_chunk_size or 0, teacher_temperature=cfg.teacher_temperature,
+                     student_temperature=cfg.student_temperature, warmup=cfg.warmup, fused_adamw=cfg.fused_adamw)
 
 
 # What a rank's history keeps: the global quantities, identical on every rank (not its timings).
@@ -216,7 +221,7 @@ def run(cfg: FSDPRunConfig) -> list[dict[str, Any]]:
         raise ValueError(f"task_path {cfg.task_path!r} has no train-split rows")
     pool = ProblemPool(task, "train", task.capacity("train"), seed=cfg.data_seed)
     rc = run_config(cfg, task)
-    offpd = (offpd_rollouts(teacher, task, pool, cfg.offpd_pool, cfg.temperature, seed=cfg.data_seed,
+    offpd = (offpd_rollouts(teacher, task, pool, cfg.offpd_pool, rc.sample_temperatures()[1], seed=cfg.data_seed,
                             max_new_tokens=cfg.max_new_tokens, batch_size=cfg.rollout_batch, codec=codec)
              if cfg.policy == "off" else None)
     result = distill(student, teacher, task, rc, offpd=offpd, pool=pool, codec=codec, progress=False)

@@ -39,18 +39,21 @@ class Rollout:
 
 def next_token(student_last: torch.Tensor | None, teacher_last: torch.Tensor | None, lam: float, temp: float, *,
                greedy: bool, logratio_clip: float | None, plausibility_alpha: float | None, stop_id: int,
-               generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               generator: torch.Generator | None = None,
+               teacher_temp: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """One sampling step of pi_lambda from the models' last logits (B, V) (None: model not used).
 
+    ``temp`` divides the student's logits and ``teacher_temp`` the teacher's (default: ``temp``).
     Returns the chosen tokens (B,) and the entropy (B,) of the sampling distribution, in nats.
     A row whose log-probs are all non-finite (a diverged model) gets ``stop_id``.
     """
+    t_temp = temp if teacher_temp is None else teacher_temp
     if teacher_last is None:
         logp = torch.log_softmax(student_last / temp, -1)
     elif student_last is None:
-        logp = torch.log_softmax(teacher_last / temp, -1)
+        logp = torch.log_softmax(teacher_last / t_temp, -1)
     else:
-        logp = mixture_logprobs(student_last / temp, teacher_last / temp, lam, logratio_clip=logratio_clip,
+        logp = mixture_logprobs(student_last / temp, teacher_last / t_temp, lam, logratio_clip=logratio_clip,
                                 plausibility_alpha=plausibility_alpha)
     bad = ~torch.isfinite(logp).any(-1)
     if bool(bad.any()):
@@ -250,12 +253,13 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
            temperature: float = 1.0, greedy: bool = False, logratio_clip: float | None = None,
            plausibility_alpha: float | None = None, generator: torch.Generator | None = None,
            pad_id: int = PAD_ID, eos_id: int | Sequence[int] = EOS_ID, vocab_size: int | None = None,
-           codec=None, stop_early: bool = True) -> Rollout:
+           codec=None, stop_early: bool = True, teacher_temperature: float | None = None) -> Rollout:
     """Sample one response per prompt under pi_lambda, on the models' device.
 
     ``student_prompts`` / ``teacher_prompts`` are token-id lists (with <s>); teacher prompts
-    default to the student's. ``greedy`` takes the argmax of pi_lambda. Temperature divides
-    both models' logits before they are mixed. ``pad_id`` fills prompt padding and the columns
+    default to the student's. ``greedy`` takes the argmax of pi_lambda. ``temperature`` divides
+    the student's logits and ``teacher_temperature`` the teacher's (default: ``temperature``)
+    before they are mixed. ``pad_id`` fills prompt padding and the columns
     after a row's stop; ``eos_id`` is the stop id, or several; logits are cut to ``vocab_size``
     ids. ``codec`` (``kdlab.codec``) gives all three at once; the defaults are kdlab's char
     tokenizer's. ``generator``: on the models' device or on the CPU. ``stop_early``: stop once
@@ -268,6 +272,8 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not greedy and temperature <= 0:
         raise ValueError(f"temperature must be > 0 (or use greedy=True), got {temperature}")
+    if not greedy and teacher_temperature is not None and teacher_temperature <= 0:
+        raise ValueError(f"teacher_temperature must be > 0 (or use greedy=True), got {teacher_temperature}")
     need_s, need_t = lam != -1.0, lam != 1.0
     if need_s and student is None:
         raise ValueError("lam != -1 needs a student model")
@@ -290,10 +296,12 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     done = torch.zeros(B, dtype=torch.bool, device=device)
     toks, ents, alive = [], [], []
     temp = 1.0 if greedy else temperature
+    t_temp = 1.0 if greedy else teacher_temperature
     for step in range(max_new_tokens):
         tok, ent = next_token(steppers["s"].last if need_s else None, steppers["t"].last if need_t else None, lam,
                               temp, greedy=greedy, logratio_clip=logratio_clip,
-                              plausibility_alpha=plausibility_alpha, stop_id=int(stops[0]), generator=generator)
+                              plausibility_alpha=plausibility_alpha, stop_id=int(stops[0]), generator=generator,
+                              teacher_temp=t_temp)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         alive.append(~done)
         toks.append(tok)

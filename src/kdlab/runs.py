@@ -22,7 +22,7 @@ from .data import ProblemPool
 from .distill import DTYPES, RunConfig, distill, offpd_rollouts
 from .evaluate import accuracy, pass_at_ks
 from .atomic import write_atomic, write_json_atomic
-from .kl import ESTIMATORS
+from .kl import SAMPLED_KINDS
 from .metrics import update_sparsity
 from .models import load_checkpoint, save_checkpoint
 from .tasks import get_task
@@ -41,7 +41,21 @@ def run_config_from(profile: Profile, *, task: str | None = None, policy: str = 
                      batch_size=d.batch_size, temperature=d.temperature, grad_clip=d.grad_clip, dtype=d.dtype,
                      jsd_beta=d.jsd_beta, sampled_direction=d.sampled_direction, logratio_clip=d.logratio_clip, plausibility_alpha=d.plausibility_alpha,
                      offpd_pool=d.offpd_pool, warmup=d.warmup, weight_decay=d.weight_decay, data_seed=profile.data_seed,
-                     micro_batch_size=profile.pretrained.micro_batch_size, kl_chunk_size=profile.pretrained.kl_chunk_size)
+                     micro_batch_size=profile.pretrained.micro_batch_size, kl_chunk_size=profile.pretrained.kl_chunk_size,
+                     teacher_temperature=d.teacher_temperature, student_temperature=d.student_temperature,
+                     fused_adamw=d.fused_adamw)
+
+
+def training_details(cfg: RunConfig, optimizer: str) -> dict[str, Any]:
+    """The paper's training details as this run used them (columns of results.parquet; see
+    docs/calibration.md section 15): each model's temperature in sampling and in the loss, the
+    learning-rate schedule (linear warm-up steps, then constant), prompts per step, the AdamW
+    implementation actually used, and the sampled-KL estimator (kl k1/k2/k3/sf)."""
+    (s_sample, t_sample), (s_loss, t_loss) = cfg.sample_temperatures(), cfg.loss_temperatures()
+    return {"teacher_sample_temperature": t_sample, "student_sample_temperature": s_sample,
+            "teacher_loss_temperature": t_loss, "student_loss_temperature": s_loss,
+            "lr_schedule": "constant", "warmup": cfg.warmup, "prompts_per_step": cfg.batch_size,
+            "optimizer": optimizer, "sampled_estimator": cfg.kl if cfg.kl in SAMPLED_KINDS else None}
 
 
 def _key(*parts: Any) -> str:
@@ -100,10 +114,11 @@ def base_evaluation(profile: Profile, student_dir: Path, task_name: str, cache_r
 
 def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teacher_dir: Path, task, pool: ProblemPool,
                 cache_root: Path, teacher_prompt: Callable[[Problem], str] | None = None, codec=CHAR):
-    """Teacher rollouts for OffPD, sampled once per (teacher, task, data seed, size, temperature,
-    instructed or not). ``teacher_prompt`` maps a problem to the teacher's prompt (the style
+    """Teacher rollouts for OffPD, sampled once per (teacher, task, data seed, size, the teacher's
+    sampling temperature, instructed or not). ``teacher_prompt`` maps a problem to the teacher's prompt (the style
     experiment's instruction); the student trains on the rollouts under its own prompt."""
-    parts = (materials.model_id(teacher_dir), cfg.task, cfg.data_seed, cfg.offpd_pool, cfg.temperature, profile.trace,
+    teacher_temperature = cfg.sample_temperatures()[1]  # = cfg.temperature unless teacher_temperature is set
+    parts = (materials.model_id(teacher_dir), cfg.task, cfg.data_seed, cfg.offpd_pool, teacher_temperature, profile.trace,
              TRAIN_POOL)
     parts += ("instructed",) if teacher_prompt is not None else ()
     system = materials.teacher_system(profile)
@@ -113,7 +128,7 @@ def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teac
     if path.exists():
         blob = torch.load(path, weights_only=False)
         return [keys[k] for k in blob["keys"]], blob["responses"]
-    problems, responses = offpd_rollouts(teacher, task, pool, cfg.offpd_pool, cfg.temperature, seed=cfg.data_seed,
+    problems, responses = offpd_rollouts(teacher, task, pool, cfg.offpd_pool, teacher_temperature, seed=cfg.data_seed,
                                          max_new_tokens=task.max_new_tokens, teacher_prompt=teacher_prompt, codec=codec,
                                          teacher_system=system,
                                          batch_size=512 if codec is CHAR else codec.eval_batch_size)
@@ -184,8 +199,8 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     metrics: dict[str, Any] = {
         "run_id": cfg.run_id, "task": cfg.task, "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr,
         "seed": cfg.seed, "dtype": cfg.dtype, "grad_clip": cfg.grad_clip, "steps": cfg.steps,
-        "sampled_direction": cfg.sampled_direction if cfg.kl in ESTIMATORS else None, "jsd_beta": cfg.jsd_beta,
-        "batch_size": cfg.batch_size, "temperature": cfg.temperature,
+        "sampled_direction": cfg.sampled_direction if cfg.kl in SAMPLED_KINDS else None, "jsd_beta": cfg.jsd_beta,
+        "batch_size": cfg.batch_size, "temperature": cfg.temperature, **training_details(cfg, result.optimizer),
         "experiment": "style" if style else "grid",
         **materials.describe(profile, {**paths, cfg.task: teacher_dir}, cfg.task),
         "micro_batch_size": cfg.micro_batch_size, "kl_chunk_size": cfg.kl_chunk_size,

@@ -4,7 +4,7 @@ A profile's ``companions`` (``kdlab.config.companion_profile``) each run the mai
 overrides (sampled KL estimators, no gradient clipping, a longer trace, ...) into their own study
 directory; the runner lists them in ``<study>/companions.json``. Here the main grid and every
 companion are put side by side per (policy, KL direction, learning rate). A sampled estimator
-(k1/k2/k3) is placed in the row of the direction it targets (``sampled_direction``), so
+(k1/k2/k3/sf) is placed in the row of the direction it targets (``sampled_direction``), so
 "forward, sampled" sits beside "forward, full vocabulary".
 """
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from ..kl import ESTIMATORS
+from ..kl import SAMPLED_KINDS
 from .table import load_results, main_grid, resolve_path
 
-SAMPLED = ESTIMATORS
+SAMPLED = SAMPLED_KINDS  # k1, k2, k3 and the paper's sf
 
 
 def load_companions(study_dir: str | Path) -> list[dict[str, Any]]:

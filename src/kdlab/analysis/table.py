@@ -17,6 +17,9 @@ POLICY_LAMBDA = {"off": -1.0, "on": 1.0}
 FACTORS = ("task", "policy", "lam", "kl", "lr", "seed", "dtype", "grad_clip")
 # Columns that end in "_accuracy" but are not harder-variant accuracies.
 _NOT_VARIANTS = {"accuracy", "base_accuracy"}
+# Settings every run records (kdlab.runs.training_details): not outcomes.
+TRAINING_DETAILS = ("teacher_sample_temperature", "student_sample_temperature", "teacher_loss_temperature",
+                    "student_loss_temperature", "warmup", "prompts_per_step")
 
 
 def repo_root(start: Path | None = None) -> Path:
@@ -105,7 +108,7 @@ def probe_columns(df: pd.DataFrame, prefix: str = "forgetting_") -> list[str]:
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Numeric outcome columns (everything numeric that is not a factor or a bookkeeping field)."""
-    skip = set(FACTORS) | {"steps", "batch_size", "temperature", "collapse_step", "steps_done"}
+    skip = set(FACTORS) | {"steps", "batch_size", "temperature", "collapse_step", "steps_done", *TRAINING_DETAILS}
     return [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
             and not pd.api.types.is_bool_dtype(df[c])]
 

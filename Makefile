@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PARAMS ?= params/quick.yaml
 WORKERS ?= 2
 
-.PHONY: study teachers test bench smol env env-dev env-real clean-outputs
+.PHONY: study teachers test bench bench-real smol env env-dev env-real clean-outputs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,14 @@ test: env-dev
 bench: env
 	$(PY) -m pip install --quiet -e ".[bench]"
 	$(PY) benchmarks/bench_distill.py
+
+# kdlab against TRL's GKDTrainer on SmolLM2-135M-Instruct (imported on first use) and, when given,
+# its countdown-3 teacher: make bench-real BENCH_REAL_ARGS="--teacher outputs/models/teacher-countdown-3-..."
+# -> outputs/bench/real.json
+BENCH_REAL_ARGS ?=
+bench-real: env
+	$(PY) -m pip install --quiet -e ".[bench,real]"
+	$(PY) benchmarks/bench_real.py $(BENCH_REAL_ARGS)
 
 clean-outputs:
 	rm -rf outputs/*/ && touch outputs/.gitkeep

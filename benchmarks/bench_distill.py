@@ -74,6 +74,7 @@ with bf16 logits, each in its own subprocess, same RSS method; values compared t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import gc
 import json
@@ -87,7 +88,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -138,10 +139,11 @@ def cached_share(pool: int, first_draw: int, last_draw: int) -> float:
     return 1.0 - n / (last_draw - first_draw) * (math.exp(-first_draw / n) - math.exp(-last_draw / n))
 
 
-def matched_pool_size(steps: int, batch: int) -> int:
+def matched_pool_size(steps: int, batch: int, ref_pool: int = STUDY_POOL, ref_draws: int = STUDY_STEPS * 32) -> int:
     """OffPD pool size whose expected cached share over a run of ``steps`` x ``batch`` draws
-    equals a study run's (150 x 32 draws from 2,048 responses: 0.614)."""
-    target = cached_share(STUDY_POOL, 0, STUDY_STEPS * 32)
+    equals that of a reference run of ``ref_draws`` draws from ``ref_pool`` responses (default:
+    a toy study run, 150 x 32 draws from 2,048 responses: 0.614)."""
+    target = cached_share(ref_pool, 0, ref_draws)
     lo, hi = 1, 1 << 20  # cached_share decreases as the pool grows
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -243,28 +245,45 @@ def _pool_of(task: Any, problems: list) -> ProblemPool:
 def run_kdlab(policy: str, kl: str, data: dict, warmup: int, window: int, repeats: int,
               teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE, batch: int = BATCH
               ) -> dict[str, Any]:
-    """Time ``kdlab.distill.distill`` on one cell: a warm-up run, then the measured run.
+    """Time ``kdlab.distill.distill`` on one toy cell (see :func:`time_kdlab`)."""
+    torch.manual_seed(0)
+    teacher, student = build_models(teacher_size, student_size)
+    return time_kdlab(student, teacher, bench_task(data["new_tokens"]), policy, kl, data, warmup, window, repeats,
+                      batch)
+
+
+def time_kdlab(student: torch.nn.Module, teacher: torch.nn.Module, task: Any, policy: str, kl: str, data: dict,
+               warmup: int, window: int, repeats: int, batch: int, lr: float = LR, codec: Any = None,
+               clock: Any = None) -> dict[str, Any]:
+    """Time ``kdlab.distill.distill`` on one cell: a warm-up run, then the measured run, as the
+    study calls it (``codec``: a real model's ``HFCodec``, default kdlab's char tokenizer).
 
     Returns throughput (tokens and steps per second, wall and CPU), peak memory of the measured
     run (MiB), its per-step losses and, for OffPD, the share of rows served from the teacher cache.
+    ``clock``: a context manager entered around the measured run only (phase timers).
     """
-    torch.manual_seed(0)
-    teacher, student = build_models(teacher_size, student_size)
-    task = bench_task(data["new_tokens"])
+    from kdlab.codec import CHAR
+
+    codec = codec or CHAR
     pool = _pool_of(task, data["problems"])
     offpd = (data["problems"], data["responses"]) if policy == "off" else None
 
     def cfg(steps: int) -> RunConfig:
-        return RunConfig(task=TASK, policy=policy, kl=kl, lr=LR, seed=0, steps=steps, batch_size=batch,
+        return RunConfig(task=task.name, policy=policy, kl=kl, lr=lr, seed=0, steps=steps, batch_size=batch,
                          temperature=1.0, grad_clip=1.0, dtype="bf16", offpd_pool=len(data["responses"]))
 
+    def run(steps: int):
+        return distill(student, teacher, task, cfg(steps), offpd=offpd, pool=pool, progress=False, codec=codec,
+                       max_new_tokens=data["new_tokens"])
+
     if warmup:
-        distill(student, teacher, task, cfg(warmup), offpd=offpd, pool=pool, progress=False)
+        run(warmup)
     steps = window * repeats
     mem = PeakRSS()
-    mem.start()
-    res = distill(student, teacher, task, cfg(steps), offpd=offpd, pool=pool, progress=False)
-    peak = mem.peak_mb()
+    with clock or contextlib.nullcontext():
+        mem.start()
+        res = run(steps)
+        peak = mem.peak_mb()
     if res.collapsed or len(res.history) != steps:
         raise RuntimeError(f"kdlab run {policy}/{kl} stopped early: {res.history[-1]}")
     tokens = [h["length"] * batch for h in res.history]
@@ -278,26 +297,38 @@ def run_kdlab(policy: str, kl: str, data: dict, warmup: int, window: int, repeat
 
 def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats: int,
             teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE, batch: int = BATCH) -> dict[str, Any]:
-    """Time TRL's GKDTrainer on one cell (same models, prompts, batch, lr, KL direction): a
-    warm-up trainer, then the measured one. Returns what :func:`run_kdlab` returns."""
+    """Time TRL's GKDTrainer on one toy cell (see :func:`time_trl`)."""
+    torch.manual_seed(0)
+    teacher, student = build_models(teacher_size, student_size)
+    rows = trl_rows(data, prompt_ids, batch * max(window * repeats, warmup))
+    return time_trl(student.to(torch.bfloat16), teacher, build_tokenizer(), rows, policy, kl, data["new_tokens"],
+                    warmup, window, repeats, batch)
+
+
+def trl_rows(data: dict, encode_prompt: Any, n: int) -> list[dict[str, Any]]:
+    """The OffPD pool as TRL dataset rows (prompt ids + response ids, completion mask), cycled to
+    exactly ``n`` rows: every step gets a full batch and no epoch boundary (dataloader restart,
+    short last batch) falls inside a run. ``encode_prompt``: prompt text -> ids, as kdlab's."""
+    rows = []
+    pairs = list(zip(data["problems"], data["responses"]))
+    for i in range(n):
+        p, resp = pairs[i % len(pairs)]
+        ids = encode_prompt(p.prompt)
+        rows.append({"prompt": p.prompt, "input_ids": ids + resp, "completion_mask": [0] * len(ids) + [1] * len(resp)})
+    return rows
+
+
+def time_trl(student: torch.nn.Module, teacher: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]],
+             policy: str, kl: str, new_tokens: int, warmup: int, window: int, repeats: int, batch: int,
+             lr: float = LR, clock: Any = None) -> dict[str, Any]:
+    """Time TRL's GKDTrainer on one cell (same models, prompts, batch, lr, KL direction as kdlab):
+    a warm-up trainer, then the measured one. Returns what :func:`time_kdlab` returns;
+    ``clock`` is entered around the measured training only."""
     from datasets import Dataset
     from transformers import TrainerCallback
 
     GKDConfig, GKDTrainer = trl_gkd()
-
-    torch.manual_seed(0)
-    teacher, student = build_models(teacher_size, student_size)
-    student = student.to(torch.bfloat16)
-    tok = build_tokenizer()
     steps = window * repeats
-    # The OffPD pool, cycled to exactly batch x steps rows: every step gets a full batch and no
-    # epoch boundary (dataloader restart, short last batch) falls inside a run.
-    rows = []
-    pairs = list(zip(data["problems"], data["responses"]))
-    for i in range(batch * max(steps, warmup)):
-        p, resp = pairs[i % len(pairs)]
-        ids = prompt_ids(p.prompt)
-        rows.append({"prompt": p.prompt, "input_ids": ids + resp, "completion_mask": [0] * len(ids) + [1] * len(resp)})
     dataset = Dataset.from_list(rows)
     stamps: list[tuple[float, float]] = []  # (wall, cpu) at the start and at the end of every step
     tokens: list[int] = []
@@ -320,13 +351,13 @@ def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats:
 
     def trainer(max_steps: int, out_dir: str) -> GKDTrainer:
         args = GKDConfig(output_dir=out_dir, per_device_train_batch_size=batch, gradient_accumulation_steps=1,
-                         max_steps=max_steps, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+                         max_steps=max_steps, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
                          weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", lmbda=TRL_LMBDA[policy],
-                         beta=TRL_BETA[kl], temperature=1.0, max_new_tokens=data["new_tokens"], seq_kd=False,
+                         beta=TRL_BETA[kl], temperature=1.0, max_new_tokens=new_tokens, seq_kd=False,
                          gradient_checkpointing=False, bf16=False, use_cpu=True, seed=0, data_seed=0,
                          dataloader_num_workers=0, dataloader_drop_last=True, logging_strategy="no",
                          save_strategy="no", report_to="none", disable_tqdm=True)
-        return CountingGKD(model=student, teacher_model=teacher, args=args, processing_class=tok,
+        return CountingGKD(model=student, teacher_model=teacher, args=args, processing_class=tokenizer,
                            train_dataset=dataset, callbacks=[Clock()])
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -336,9 +367,10 @@ def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats:
             tokens.clear()
         measured = trainer(steps, tmp)
         mem = PeakRSS()
-        mem.start()
-        measured.train()
-        peak = mem.peak_mb()
+        with clock or contextlib.nullcontext():
+            mem.start()
+            measured.train()
+            peak = mem.peak_mb()
     wall = [b[0] - a[0] for a, b in zip(stamps, stamps[1:])]
     cpu = [b[1] - a[1] for a, b in zip(stamps, stamps[1:])]
     if len(wall) != steps or len(tokens) != steps:
@@ -356,7 +388,6 @@ def run_trl(policy: str, kl: str, data: dict, warmup: int, window: int, repeats:
 def loss_abs_diff(kl: str, data: dict, teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE,
                   batch: int = BATCH) -> dict[str, float]:
     """|kdlab kl_loss - TRL generalized_jsd_loss| on the same batch and the same float32 logits."""
-    _, GKDTrainer = trl_gkd()
     teacher, student = build_models(teacher_size, student_size)
     problems, responses = data["problems"][:batch], data["responses"][:batch]
     p, pm = pad_left([prompt_ids(x.prompt) for x in problems])
@@ -364,6 +395,14 @@ def loss_abs_diff(kl: str, data: dict, teacher_size: Any = TEACHER_SIZE, student
     with torch.no_grad():
         t_logits = response_logits(teacher, p, pm, r, rm).float()  # (B, R, V)
         s_logits = response_logits(student, p, pm, r, rm).float()
+    return losses_on_logits(kl, s_logits, t_logits, r, rm)
+
+
+def losses_on_logits(kl: str, s_logits: torch.Tensor, t_logits: torch.Tensor, r: torch.Tensor, rm: torch.Tensor
+                     ) -> dict[str, float]:
+    """kdlab's ``kl_loss`` and TRL's ``generalized_jsd_loss`` on the same (B, R, V) logits of
+    responses ``r`` (mask ``rm``) and their absolute difference."""
+    _, GKDTrainer = trl_gkd()
     ours = float(kl_loss(s_logits, t_logits, kl, rm))
     labels = torch.where(rm, r, torch.full_like(r, -100))
     theirs = float(GKDTrainer.generalized_jsd_loss(s_logits, t_logits, labels=labels, beta=TRL_BETA[kl],
@@ -481,21 +520,41 @@ def kl_memory_section(tokens: int = KL_TOKENS, vocab: int = KL_VOCAB, chunks: tu
 # ---------------------------------------------------------------------------------------------
 
 
-def _subprocess(args: list[str]) -> dict[str, Any]:
-    """Run this file as a worker in a fresh single-threaded interpreter; returns its JSON result."""
+def _subprocess(args: list[str], script: str | Path = __file__, threads: int = 1) -> dict[str, Any]:
+    """Run ``script`` (default: this file) as a worker in a fresh interpreter with ``threads``
+    threads; returns its JSON result."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         result = f.name
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
                TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
     try:
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), *args, "--result", result], env=env,
+        proc = subprocess.run([sys.executable, str(Path(script).resolve()), *args, "--result", result], env=env,
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"worker {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
         return json.loads(Path(result).read_text())
     finally:
         Path(result).unlink(missing_ok=True)
+
+
+def each_cell(data: dict, cells: tuple[tuple[str, str], ...], with_trl: bool,
+              run_one: Callable[[str, str, str, str], dict[str, Any]], log=print):
+    """Yields (policy, kl, {framework: result}) per cell: ``run_one(framework, policy, kl,
+    data_path)`` runs kdlab and TRL (kdlab only without trl), alternating which goes first, on
+    ``data`` pickled once to a temporary file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data_path = Path(tmp) / "data.pkl"
+        data_path.write_bytes(pickle.dumps(data))
+        for i, (policy, kl) in enumerate(cells):
+            order = ["kdlab", "trl"] if with_trl else ["kdlab"]
+            if i % 2:  # alternate which framework runs first
+                order.reverse()
+            res = {}
+            for fw in order:
+                log(f"  {policy}-policy / {kl} KL: {fw} ...")
+                res[fw] = run_one(fw, policy, kl, str(data_path))
+            yield policy, kl, res
 
 
 def run_cells(settings: dict[str, int], cells: tuple[tuple[str, str], ...] = CELLS, with_trl: bool = True,
@@ -509,40 +568,34 @@ def run_cells(settings: dict[str, int], cells: tuple[tuple[str, str], ...] = CEL
     data = make_data(teacher, n_pool)
     losses = {kl: loss_abs_diff(kl, data) for kl in {k for _, k in cells}} if with_trl else {}
     out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        data_path = Path(tmp) / "data.pkl"
-        data_path.write_bytes(pickle.dumps(data))
-        for i, (policy, kl) in enumerate(cells):
-            order = ["kdlab", "trl"] if with_trl else ["kdlab"]
-            if i % 2:  # alternate which framework runs first
-                order.reverse()
-            res = {}
-            for fw in order:
-                log(f"  {policy}-policy / {kl} KL: {fw} ...")
-                res[fw] = _subprocess(["--worker", fw, "--policy", policy, "--kl", kl, "--data", str(data_path),
-                                       *[f"--{k}={v}" for k, v in settings.items()]])
-            k, t = res["kdlab"], res.get("trl")
-            cell: dict[str, Any] = {
-                "policy": policy, "kl": kl,
-                "kdlab_tokens_per_s": k["tokens_per_s"], "trl_tokens_per_s": t and t["tokens_per_s"],
-                "ratio": t and k["tokens_per_s"] / t["tokens_per_s"],
-                "kdlab_steps_per_s": k["steps_per_s"], "trl_steps_per_s": t and t["steps_per_s"],
-                "kdlab_tokens_per_cpu_s": k["tokens_per_cpu_s"], "trl_tokens_per_cpu_s": t and t["tokens_per_cpu_s"],
-                "ratio_cpu": t and k["tokens_per_cpu_s"] / t["tokens_per_cpu_s"],
-                "kdlab_peak_mb": k["peak_mb"], "trl_peak_mb": t and t["peak_mb"],
-                "loss_abs_diff": losses[kl]["loss_abs_diff"] if losses else None,
-                "loss_within_tolerance": losses[kl]["loss_abs_diff"] <= LOSS_TOL if losses else None,
-                "target_ratio": TARGETS[policy],
-                "meets_target": None if t is None else k["tokens_per_s"] / t["tokens_per_s"] >= TARGETS[policy],
-                "kdlab_teacher_cache_hit": k.get("teacher_cache_hit"),
-                "kdlab_window_tokens_per_s": k["window_tokens_per_s"],
-                "trl_window_tokens_per_s": t and t["window_tokens_per_s"],
-                "kdlab_step_s": k["step_wall_s"], "trl_step_s": t and t["step_wall_s"],
-                "setup": {"teacher": TEACHER_SIZE, "student": STUDENT_SIZE, "task": TASK, "batch": BATCH,
-                          "new_tokens": NEW_TOKENS, "lr": LR, "dtype": "bf16", "threads": 1,
-                          "offpd_pool": n_pool, **settings},
-            }
-            out.append(cell)
+
+    def run_one(fw: str, policy: str, kl: str, data_path: str) -> dict[str, Any]:
+        return _subprocess(["--worker", fw, "--policy", policy, "--kl", kl, "--data", data_path,
+                            *[f"--{k}={v}" for k, v in settings.items()]])
+
+    for policy, kl, res in each_cell(data, cells, with_trl, run_one, log):
+        k, t = res["kdlab"], res.get("trl")
+        cell: dict[str, Any] = {
+            "policy": policy, "kl": kl,
+            "kdlab_tokens_per_s": k["tokens_per_s"], "trl_tokens_per_s": t and t["tokens_per_s"],
+            "ratio": t and k["tokens_per_s"] / t["tokens_per_s"],
+            "kdlab_steps_per_s": k["steps_per_s"], "trl_steps_per_s": t and t["steps_per_s"],
+            "kdlab_tokens_per_cpu_s": k["tokens_per_cpu_s"], "trl_tokens_per_cpu_s": t and t["tokens_per_cpu_s"],
+            "ratio_cpu": t and k["tokens_per_cpu_s"] / t["tokens_per_cpu_s"],
+            "kdlab_peak_mb": k["peak_mb"], "trl_peak_mb": t and t["peak_mb"],
+            "loss_abs_diff": losses[kl]["loss_abs_diff"] if losses else None,
+            "loss_within_tolerance": losses[kl]["loss_abs_diff"] <= LOSS_TOL if losses else None,
+            "target_ratio": TARGETS[policy],
+            "meets_target": None if t is None else k["tokens_per_s"] / t["tokens_per_s"] >= TARGETS[policy],
+            "kdlab_teacher_cache_hit": k.get("teacher_cache_hit"),
+            "kdlab_window_tokens_per_s": k["window_tokens_per_s"],
+            "trl_window_tokens_per_s": t and t["window_tokens_per_s"],
+            "kdlab_step_s": k["step_wall_s"], "trl_step_s": t and t["step_wall_s"],
+            "setup": {"teacher": TEACHER_SIZE, "student": STUDENT_SIZE, "task": TASK, "batch": BATCH,
+                      "new_tokens": NEW_TOKENS, "lr": LR, "dtype": "bf16", "threads": 1,
+                      "offpd_pool": n_pool, **settings},
+        }
+        out.append(cell)
     return out
 
 
@@ -550,16 +603,21 @@ def _fmt(x: Any, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def print_table(cells: list[dict[str, Any]]) -> None:
-    head = (f"{'policy':6} {'KL':8} {'kdlab tok/s':>11} {'TRL tok/s':>9} {'ratio':>6} {'target':>6} {'cpu ratio':>9} "
-            f"{'kdlab MiB':>9} {'TRL MiB':>8} {'loss diff':>9} {'cache':>5}")
+# (header, key, format) of the table's columns; a missing value prints as "-"
+TABLE = (("policy", "policy", "6"), ("KL", "kl", "8"), ("kdlab tok/s", "kdlab_tokens_per_s", "11.0f"),
+         ("TRL tok/s", "trl_tokens_per_s", "9.0f"), ("ratio", "ratio", "6.2f"), ("target", "target_ratio", "6.1f"),
+         ("cpu ratio", "ratio_cpu", "9.2f"), ("kdlab MiB", "kdlab_peak_mb", "9.1f"), ("TRL MiB", "trl_peak_mb", "8.1f"),
+         ("loss diff", "loss_abs_diff", "9.1e"), ("cache", "kdlab_teacher_cache_hit", "5.2f"))
+
+
+def print_table(cells: list[dict[str, Any]], columns: tuple[tuple[str, str, str], ...] = TABLE) -> None:
+    width = {h: int(re.match(r"\d*", spec).group() or 0) for h, _, spec in columns}
+    head = " ".join(format(h, f"<{width[h]}" if i < 2 else f">{width[h]}") for i, (h, _, _) in enumerate(columns))
     print(head)
     print("-" * len(head))
     for c in cells:
-        print(f"{c['policy']:6} {c['kl']:8} {c['kdlab_tokens_per_s']:11.0f} {_fmt(c['trl_tokens_per_s'], '9.0f')} "
-              f"{_fmt(c['ratio'], '6.2f')} {c['target_ratio']:6.1f} {_fmt(c['ratio_cpu'], '9.2f')} "
-              f"{c['kdlab_peak_mb']:9.1f} {_fmt(c['trl_peak_mb'], '8.1f')} {_fmt(c['loss_abs_diff'], '9.1e')} "
-              f"{_fmt(c['kdlab_teacher_cache_hit'], '5.2f')}")
+        print(" ".join(format(c[key], spec) if c.get(key) is not None else format("-", f">{width[h]}")
+                       for h, key, spec in columns))
 
 
 def print_kl_memory(res: dict[str, Any]) -> None:

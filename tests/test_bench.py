@@ -1,11 +1,13 @@
-"""The distillation benchmark (benchmarks/bench_distill.py) and the fast paths it measures.
+"""The distillation benchmarks (benchmarks/bench_distill.py, bench_real.py) and the fast paths they measure.
 
 The kdlab side runs on nano models for two steps; the TRL loss-equality check runs only when
-trl is importable (``pip install -e .[bench]``). The fast paths (teacher-logit cache for OffPD,
+trl is importable (``pip install -e .[bench]``), and so does the real-model benchmark's whole
+path, run in-process on tiny Hugging Face checkpoints (``tiny_hf``) for one step per cell. The fast paths (teacher-logit cache for OffPD,
 the static-cache rollout stepper, eager attention during training) are checked against the
 plain transformers computation they replace.
 """
 import importlib.util
+import json
 import math
 import random
 from pathlib import Path
@@ -22,8 +24,8 @@ from kdlab.models import build_model
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_bench():
-    spec = importlib.util.spec_from_file_location("bench_distill", REPO_ROOT / "benchmarks" / "bench_distill.py")
+def _load_bench(name: str = "bench_distill"):
+    spec = importlib.util.spec_from_file_location(name, REPO_ROOT / "benchmarks" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -190,3 +192,95 @@ def test_fast_and_transformers_rollouts_agree_and_unsupported_models_fall_back(m
     plain = rollout.sample(model, prompts, 10, greedy=True)
     assert torch.equal(fast.tokens, plain.tokens) and torch.equal(fast.mask, plain.mask)
     assert not rollout._fast_decoding_supported(torch.nn.Linear(2, 2))
+
+
+# ---------------------------------------------------------------------------------------------
+# the real-model benchmark (benchmarks/bench_real.py) on tiny Hugging Face checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+real = _load_bench("bench_real")
+
+
+def test_flop_count_of_a_smollm2_shaped_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=9,
+                      num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    shape = real.model_shape(model)
+    per_layer = 2 * 576 * 576 + 2 * 576 * 192 + 3 * 576 * 1536  # q, o; k, v; gate, up, down
+    assert shape["body"] == 2 * per_layer and shape["head"] == 576 * 49152 and shape["attn"] == 2 * 576
+    assert sorted(map(tuple, shape["linears"][:-1])) == [(576, 192, 4), (576, 576, 4), (576, 1536, 4), (1536, 576, 2)]
+    assert shape["linears"][-1] == [576, 49152, 1]
+    f = real.forward_flops(shape, 8, 100)
+    assert f == 2 * 8 * 100 * (shape["body"] + shape["head"]) + 4 * 8 * 100 * 100 * shape["attn"]
+    # decoding: the prompt pass with the head at one position, then one position per new token
+    assert real.rollout_flops(shape, 8, 10, 1) == real.forward_flops(shape, 8, 10, head_positions=1)
+    assert real.rollout_flops(shape, 8, 10, 3) == pytest.approx(
+        real.forward_flops(shape, 8, 10, head_positions=1) + sum(
+            2 * 8 * (shape["body"] + shape["head"]) + 4 * 8 * c * shape["attn"] for c in (11, 12)))
+
+
+def test_matmul_rate_reports_every_shape():
+    res = real.matmul_rate([[16, 32, 3], [32, 16, 1]], rows=24)
+    assert len(res["shapes"]) == 2 and res["gflops"] > 0 and res["best_gflops"] >= min(
+        min(s["gflops"].values()) for s in res["shapes"])
+    assert set(res["shapes"][0]["gflops"]) == {"forward", "grad_input", "grad_weight"}
+
+
+@pytest.fixture(scope="module")
+def tiny_real_pair(tmp_path_factory):
+    """Two tiny Qwen2 checkpoints (chat template, pad token) sharing one tokenizer and vocabulary."""
+    from tiny_hf import build_checkpoint, build_tokenizer
+
+    root = tmp_path_factory.mktemp("bench-real")
+    tok = build_tokenizer("qwen2")
+    teacher = build_checkpoint(root / "teacher", "qwen2", "student", tok, seed=1)
+    student = build_checkpoint(root / "student", "qwen2", "student", tok, seed=2)
+    return student, teacher
+
+
+def test_phase_clock_times_kdlab_phases_and_restores_what_it_patched(tiny_real_pair, tmp_path):
+    import kdlab.distill as kd
+
+    student, teacher, codec = real.load_models(*tiny_real_pair)
+    data, _, _ = real.make_real_data(*tiny_real_pair, n_pool=3, batch=2, new_tokens=4, kls=set(), with_trl=False,
+                                     pool_size=16)
+    backward, sample = torch.Tensor.backward, kd.sample
+    clock = real.PhaseClock(student, teacher)
+    out = bench.time_kdlab(student, teacher, real.real_task(4), "on", "forward", data, 0, 1, 2, 2, codec=codec,
+                           clock=clock)
+    assert torch.Tensor.backward is backward and kd.sample is sample
+    split = clock.split(out["step_wall_s"], rate_gflops=1.0)
+    for phase in ("rollout", "teacher", "student_forward", "backward", "optimizer"):
+        assert split[f"{phase}_s"] > 0, phase
+    assert split["student_fb_s"] == pytest.approx(split["student_forward_s"] + split["backward_s"])
+    assert set(split["peak_fraction"]) == {"rollout", "teacher", "student_fb"}
+    assert all(v > 0 for v in split["peak_fraction"].values())
+
+
+@needs_trl
+def test_real_benchmark_one_step_per_cell_on_tiny_checkpoints(tiny_real_pair, tmp_path):
+    """The whole real-model path (OffPD pool, loss check, matmul rate, both frameworks on all four
+    cells with the phase clock, one profiled kdlab step), in-process, one timed step per cell."""
+    student, teacher = tiny_real_pair
+    out = tmp_path / "real.json"
+    real.run_real(student, teacher, {"warmup": 0, "window": 1, "repeats": 1}, out, batch=2, new_tokens=4,
+                  threads=1, isolate=False, profile="kdlab", log=lambda *a: None)
+    cells = json.loads(out.read_text())
+    assert [(c["policy"], c["kl"]) for c in cells] == list(real.CELLS)
+    for c in cells:
+        for key in ("kdlab_tokens_per_s", "trl_tokens_per_s", "ratio", "kdlab_tokens_per_cpu_s", "trl_tokens_per_cpu_s",
+                    "kdlab_peak_mb", "trl_peak_mb", "peak_fraction", "trl_peak_fraction"):
+            assert math.isfinite(c[key]) and (c[key] > 0 or key.endswith("peak_mb")), key
+        assert c["loss_abs_diff"] <= 1e-4 and c["loss_within_tolerance"] and c["kdlab_loss"] > 0
+        assert c["target_ratio"] == {"off": 2.0, "on": 3.0}[c["policy"]] and c["peak_target"] == 0.30
+        for fw in ("kdlab", "trl"):
+            split = c[f"{fw}_split"]
+            assert split["student_fb_s"] > 0 and split["optimizer_s"] > 0 and split["step_s"] > 0
+            assert (split["rollout_s"] > 0) == (c["policy"] == "on"), (fw, c["policy"])
+        assert c["kdlab_profile"]["ops"] and c["trl_profile"] is None
+        assert c["machine"]["matmul_gflops"] > 0 and c["setup"]["teacher_is_student"] is False
+    assert json.loads((tmp_path / "real_matmul.json").read_text())["shapes"]

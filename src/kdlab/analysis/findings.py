@@ -516,6 +516,8 @@ def finding_5(df: pd.DataFrame) -> FindingResult:
             return _not_run(5, test, f"task {t}: no forward-KL run at the low lr {lo:g}")
         pol = fl.index.get_level_values("policy")[int(np.argmax(fl.to_numpy()))]
         picks[t] = pol
+        if (t, pol, "forward", lo) not in forg.means.index:
+            return _not_run(5, test, f"task {t}: no forgetting measured for {pol}/forward at the low lr {lo:g}")
         f = float(forg.means.loc[(t, pol, "forward", lo)])
         values[t] = {"forward_low_accuracy": float(fl.max()), "best_accuracy": float(m.max()), "forward_low_forgetting": f}
         notes.append(f"{t}: forward low-lr ({pol}) accuracy {fl.max():.3f} vs best {m.max():.3f}, forgetting {f:+.4f}")

@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -8,11 +14,6 @@
 
 # %% [markdown]
 # # Study report: rollout policy x KL direction x learning rate
-#
-# Every number below comes from the study's results table (`results.parquet`, one row per run,
-# collected from the runs' `metrics.json`) through `kdlab.results`. Accuracies, pass@k,
-# forgetting and sparsity are in percentage points; spreads are over seeds (mean ± sample std,
-# n runs). Gains are held-out accuracy after distillation minus the student base's.
 
 # %% tags=["parameters"]
 study_dir = "../outputs/tiny"  # outputs/<study>
@@ -21,9 +22,11 @@ study_dir = "../outputs/tiny"  # outputs/<study>
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import pandas as pd
 import seaborn as sns
 from IPython.display import Markdown, display
 
+from kdlab import report_page as P
 from kdlab import results as R
 
 sns.set_theme(style="whitegrid", context="notebook")
@@ -37,15 +40,41 @@ display(Markdown(f"**{Path(study_dir).name}**: {len(df)} completed runs; tasks {
                  f"parameter dtype {', '.join(sorted(df['dtype'].astype(str).unique()))}."))
 failures = R.failed_runs(study_dir)
 if len(failures):
-    display(Markdown(f"**{len(failures)} runs failed** and are missing from every table below:"))
+    display(Markdown(f"**{len(failures)} runs failed** and are missing from every table below "
+                     "(table: failed runs, with the error of each):"))
     display(failures)
 
 # %% [markdown]
-# ## Accuracy by policy × KL × learning rate
-# Held-out accuracy (greedy pass@1) per grid cell, mean ± std over seeds (n runs).
+# ## Findings scoreboard
+# Each numbered finding of STUDY.md, tested on this study: the verdict, the statistic measured
+# here (points = percentage points; a share is shown in %) and its 95% interval. Section
+# *Statistics* below gives each test and every part of the evidence.
 
 # %%
-display(R.wide(R.accuracy_table(df)))
+board = P.scoreboard_view(study_dir)
+if board is None:
+    display(Markdown("*No scoreboard: the statistics section (70_statistics) did not write one; see it below.*"))
+else:
+    display(P.title("Table 1. Findings scoreboard: verdict, statistic (unit on each row), 95% interval"))
+    with pd.option_context("display.max_colwidth", None):
+        display(board)
+
+# %% [markdown]
+# ## Which knob explains each metric
+# Partial η² (0 to 1: the share of the variance left after the other terms that a factor or
+# interaction explains) per metric, from the ANOVA of the statistics section.
+
+# %%
+knobs = P.knob_view(study_dir)
+if knobs is None:
+    display(Markdown("*No ANOVA table: the statistics section did not write one (too few runs or seeds).*"))
+else:
+    display(P.title("Table 2. Which knob explains each metric: partial η² (0-1) per factor (rows) and metric (columns)"))
+    display(knobs)
+
+# %% [markdown]
+# ## Headline figure: held-out accuracy by policy × KL × learning rate
+# Bars: mean over seeds ± std; dots: single runs (points = percentage points).
 
 # %%
 grid = sns.catplot(data=runs, x="cell", y=runs["accuracy"] * 100, hue="lr_label", col="task", kind="bar",
@@ -58,6 +87,27 @@ for ax, (task, d) in zip(grid.axes.flat, runs.groupby("task", sort=True)):
 grid.legend.set_title("learning rate")
 plt.show()
 
+# %% [markdown] tags=["toc"]
+# ## Contents
+# (filled in by the study runner when it writes report.html)
+
+# %% [markdown]
+# ## How to read this report
+# Every number below comes from the study's results table (`results.parquet`, one row per run,
+# collected from the runs' `metrics.json`) through `kdlab.results`. Accuracies, pass@k,
+# forgetting and sparsity are in percentage points; spreads are over seeds (mean ± sample std,
+# n runs). Gains are held-out accuracy after distillation minus the student base's. Long
+# diagnostic tables are folded (click to open) and kept as CSV in each section's files
+# (`analysis/<section>/`).
+
+# %% [markdown]
+# ## Accuracy by policy × KL × learning rate
+# Held-out accuracy (greedy pass@1) per grid cell, mean ± std over seeds (n runs).
+
+# %%
+display(P.title("Table 3. Held-out accuracy (points, mean ± std over seeds, n runs): policy × KL (rows) by learning rate"))
+display(R.wide(R.accuracy_table(df)))
+
 # %% [markdown]
 # ## Forgetting and sparsity by learning rate
 # Forgetting: change of the mean probe score (seven out-of-distribution skills), after minus
@@ -65,12 +115,15 @@ plt.show()
 # 1e-6 (in the parameter dtype shown above).
 
 # %%
+display(P.title("Table 4. Forgetting (points of mean probe score, after - before) by learning rate"))
 display(R.wide(R.by_lr(df, "forgetting")))
+display(P.title("Table 5. Sparsity (% of parameters changed by less than 1e-6) by learning rate"))
 display(R.wide(R.by_lr(df, "sparsity")))
 
 # %%
-display(Markdown("By policy × KL:"))
+display(P.title("Table 6. Forgetting (points) by policy × KL (rows) and learning rate"))
 display(R.wide(R.by_lr(runs, "forgetting", within=("rollout", "kl"))))
+display(P.title("Table 7. Sparsity (% of parameters) by policy × KL (rows) and learning rate"))
 display(R.wide(R.by_lr(runs, "sparsity", within=("rollout", "kl"))))
 
 # %%
@@ -90,6 +143,7 @@ plt.show()
 # (from `models.json`) and the distilled students.
 
 # %%
+display(P.title("Table 8. Held-out accuracy and mean probe score (points): base, teacher, distilled"))
 display(R.model_comparison(df, models))
 
 # %% [markdown]
@@ -100,6 +154,7 @@ display(R.model_comparison(df, models))
 # %%
 spectrum = runs[runs["task"].isin(runs.loc[runs["policy"] == "lambda", "task"])]
 if spectrum["lam"].nunique() > 2:
+    display(P.title("Table 9. Held-out accuracy (points, mean ± std over seeds) along the λ spectrum"))
     display(R.wide(R.summarize(spectrum, "accuracy", ["task", "kl", "lam", "lr"])))
     grid = sns.relplot(data=spectrum, x="lam", y=spectrum["accuracy"] * 100, hue="kl", style="lr_label",
                        col="task", kind="line", errorbar="sd", marker="o", height=3.5, aspect=1.4)
@@ -108,6 +163,7 @@ if spectrum["lam"].nunique() > 2:
 else:
     print("no lambda-spectrum runs in this study")
 if df["pass_at_10"].notna().any():
+    display(P.title("Table 10. pass@10 (points, mean ± std over seeds) by policy × KL and learning rate"))
     display(R.wide(R.accuracy_table(df, "pass_at_10")))
 else:
     print("pass@10 not measured (eval.pass_n < 10)")
@@ -121,6 +177,7 @@ else:
 # %%
 checks = R.acceptance(df)
 print(R.format_acceptance(checks))
+display(P.title("Table 11. Acceptance checks: measured gains and their targets (points)"))
 display(checks)
 
 # %% [markdown]
@@ -130,4 +187,5 @@ display(checks)
 # notebook's wall time minus the run's own `wall_s`, plus kernel start-ups, from `timing.json`).
 
 # %%
+display(P.title("Table 12. Wall time per phase (seconds, summed over runs and workers)"))
 display(R.phase_times(df, models, timing))

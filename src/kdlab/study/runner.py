@@ -10,8 +10,9 @@
 3. **jobs**: ``notebooks/10_run.ipynb`` once per grid cell into ``runs/<run_id>/run.ipynb``, on
    warm kernels or on Ray (``kdlab.study.kernels``), then the follow-ups (style runs, RLVR
    starts, ``kdlab.followups``); a killed study finishes when the same command runs again;
-4. **report**: ``results.parquet`` (``20_grid``) and the report (``30_report`` and the analysis
-   notebooks) -> ``report.html``.
+4. **report**: ``results.parquet`` (``20_grid``), the analysis notebooks, then ``30_report``
+   (its first screen shows the scoreboard and knob table the statistics notebook wrote) ->
+   ``report.html`` (report first, then the analyses; ``kdlab.report_page``).
 
 A profile's ``companions`` are run first as studies of their own (``<name>-<suffix>``, the main
 grid under the companion's overrides, no report) and shown in section ``93_robustness``.
@@ -31,10 +32,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import nbformat
 
 from ..config import ConfigError, Profile, companion_profile, load_profile
 from ..followups import rlvr_starts, students_to_save, style_cells
+from ..materials import check_models
 from ..atomic import write_json_atomic, write_text_atomic
 from ..preflight import check_profile
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
@@ -102,6 +103,7 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
         if not expand_grid(p):
             raise ConfigError(f"grid: the study {p.name!r} has no runs (grid.tasks, grid.policies, grid.kls, grid.lrs and "
                               "grid.seeds, or grid.lambdas with grid.lambda_tasks, must all be non-empty)")
+        check_models(p, Path(outputs).resolve() / "models", str(params))  # a corrupt model: refused before any work
     for name in [TEACHERS_NB, RUN_NB, RLVR_NB, GRID_NB, REPORT_NB, *analysis_notebooks(profile)]:
         _notebook(name)
     problem = _check_kernel(KERNEL_NAME)
@@ -286,12 +288,13 @@ def _write_report(ctx: Context, profile: Profile, report: bool) -> bool:
     if not report:
         _say(f"results: {study_dir / 'results.parquet'} (a companion study: shown in its main study's report)")
         return True
-    ok = _section(ctx, REPORT_NB, study_dir / "report.ipynb", "report_s")
-    sections = [study_dir / "report.ipynb"]
+    ok, sections = True, [study_dir / "report.ipynb"]
     for name in analysis_notebooks(profile):  # 50 (gradients) before 70 (its scoreboard reads bound.csv)
         out = study_dir / "analysis" / name
         ok = _section(ctx, name, out, name.split(".")[0] + "_s") and ok
         sections.append(out)
+    # The report runs last: its first screen shows the scoreboard and knob table 70 wrote.
+    ok = _section(ctx, REPORT_NB, study_dir / "report.ipynb", "report_s") and ok
     _export_html(sections, study_dir / "report.html")
     return ok
 
@@ -317,22 +320,13 @@ def _summary(ctx: Context, profile: Profile, cells: list, extra_jobs: list) -> N
 
 def _export_html(notebooks: list[Path], html: Path) -> None:
     """The executed report, followed by the analysis notebooks, as one standalone HTML page with
-    the code cells hidden (written atomically). A notebook that is missing is skipped."""
-    from nbconvert import HTMLExporter
+    the code cells hidden, a table of contents and long tables collapsed
+    (``kdlab.report_page``; written atomically). A notebook that is missing is skipped."""
+    from ..report_page import export_html
 
-    combined = None
-    for path in notebooks:
-        if not path.exists():
-            continue
-        nb = nbformat.read(path, as_version=4)
-        if combined is None:
-            combined = nb
-        else:
-            combined.cells.extend(c for c in nb.cells if "parameters" not in c.get("metadata", {}).get("tags", [])
-                                  and "injected-parameters" not in c.get("metadata", {}).get("tags", []))
-    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
-    body, _ = exporter.from_notebook_node(combined)
-    write_text_atomic(html, body)
+    body = export_html(notebooks)
+    if body is not None:
+        write_text_atomic(html, body)
 
 
 def _check_kernel(name: str) -> str | None:

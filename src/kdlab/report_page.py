@@ -1,0 +1,186 @@
+"""The study's ``report.html`` as a page a reader wants: the answer first, then everything else.
+
+- ``scoreboard_view`` / ``knob_view``: the first screen's two tables, read from the files the
+  statistics section (``70_statistics``) writes: the findings scoreboard (verdict, statistic,
+  95% interval) and "which knob explains each metric" (partial eta squared per metric);
+- ``assemble``: the executed report notebook followed by the analysis notebooks as one notebook,
+  every level-1 and level-2 heading given an anchor and listed in a table of contents (put in
+  the report's cell tagged ``toc``);
+- ``collapse_long_tables``: an HTML table longer than ``MAX_ROWS`` rows is folded into a
+  ``<details>`` element (its section's files hold the same numbers as CSV).
+"""
+from __future__ import annotations
+
+import html as _html
+import re
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+MAX_ROWS = 25  # longer tables are collapsed in report.html
+TOC_TAG = "toc"
+
+_VERDICT_MARK = {"reproduced": "✔ reproduced", "not reproduced": "✘ not reproduced",
+                 "inconclusive": "? inconclusive", "not run": "– not run"}
+
+
+def _stat_dir(study_dir: str | Path) -> Path:
+    return Path(study_dir) / "analysis" / "70_statistics"
+
+
+def _number(v: Any, unit: str) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "–"
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return str(v)
+    if unit == "share":
+        return f"{100 * x:.1f}%"
+    return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
+def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
+    """The findings scoreboard as shown first: finding, claim, verdict, statistic (with its unit)
+    and its 95% interval; None when section 70 did not write ``scoreboard.csv``."""
+    path = _stat_dir(study_dir) / "scoreboard.csv"
+    if not path.exists():
+        return None
+    board = pd.read_csv(path)
+    rows = []
+    for r in board.to_dict(orient="records"):
+        unit = str(r.get("unit") or "") if pd.notna(r.get("unit")) else ""
+        name = str(r.get("statistic_name")) if pd.notna(r.get("statistic_name", None)) else ""
+        stat = _number(r.get("statistic"), unit)
+        if stat != "–" and name:
+            stat = f"{name} = {stat}"
+        if stat != "–" and unit and unit != "share":
+            stat += f" {unit}"
+        lo, hi = r.get("ci_low"), r.get("ci_high")
+        interval = (f"[{_number(lo, unit)}, {_number(hi, unit)}]" if lo is not None and hi is not None
+                    and pd.notna(lo) and pd.notna(hi) else "–")
+        verdict = str(r.get("verdict", ""))
+        rows.append({"finding": r.get("finding"), "claim (STUDY.md)": r.get("claim", ""),
+                     "verdict": _VERDICT_MARK.get(verdict, verdict), "statistic": stat, "95% interval": interval})
+    return pd.DataFrame(rows).set_index("finding")
+
+
+def knob_view(study_dir: str | Path) -> pd.DataFrame | None:
+    """Partial eta squared (0-1) per factor or interaction (rows) and metric (columns), from
+    ``knob_table.csv``; None when it is missing or empty."""
+    path = _stat_dir(study_dir) / "knob_table.csv"
+    if not path.exists():
+        return None
+    knobs = pd.read_csv(path, index_col=0)
+    if knobs.empty:
+        return None
+    knobs.index.name = "factor"
+    return knobs.round(2)
+
+
+# ------------------------------------------------------------------------------ assembling
+
+_HEADING_RE = re.compile(r"^(#{1,2})\s+(.+?)\s*#*\s*$")
+
+
+def _plain(text: str) -> str:
+    """Heading text without markdown emphasis, code ticks or math dollars."""
+    return re.sub(r"[*_`$]", "", text).strip()
+
+
+def add_anchors(cells: list[Any]) -> list[tuple[int, str, str]]:
+    """Give every level-1/2 markdown heading of ``cells`` an HTML anchor (edited in place);
+    returns (level, title, anchor id) in order."""
+    entries = []
+    for cell in cells:
+        if cell.get("cell_type") != "markdown" or TOC_TAG in cell.get("metadata", {}).get("tags", []):
+            continue
+        lines, changed, fence = cell["source"].split("\n"), False, False
+        out = []
+        for line in lines:
+            if line.lstrip().startswith("```"):
+                fence = not fence
+            m = None if fence else _HEADING_RE.match(line)
+            if m:
+                anchor = f"sec-{len(entries) + 1}"
+                entries.append((len(m.group(1)), _plain(m.group(2)), anchor))
+                out += [f'<a id="{anchor}"></a>', "", line]
+                changed = True
+            else:
+                out.append(line)
+        if changed:
+            cell["source"] = "\n".join(out)
+    return entries
+
+
+def toc_markdown(entries: list[tuple[int, str, str]]) -> str:
+    lines = ["## Contents", ""]
+    for level, title, anchor in entries:
+        if title == "Contents":
+            continue
+        lines.append(("  " if level == 2 else "") + f"- [{title}](#{anchor})")
+    return "\n".join(lines)
+
+
+def assemble(notebooks: list[Path]) -> Any:
+    """The executed notebooks as one notebook (parameter cells of all but the first dropped),
+    with heading anchors and the table of contents in the cell tagged ``toc`` (or, without one,
+    after the first cell); None when none of them exists."""
+    import nbformat
+
+    combined = None
+    for path in notebooks:
+        if not path.exists():
+            continue
+        nb = nbformat.read(path, as_version=4)
+        if combined is None:
+            combined = nb
+        else:
+            combined.cells.extend(c for c in nb.cells if "parameters" not in c.get("metadata", {}).get("tags", [])
+                                  and "injected-parameters" not in c.get("metadata", {}).get("tags", []))
+    if combined is None:
+        return None
+    toc = toc_markdown(add_anchors(combined.cells))
+    tagged = [c for c in combined.cells if TOC_TAG in c.get("metadata", {}).get("tags", [])]
+    if tagged:
+        tagged[0]["source"] = toc
+    else:
+        combined.cells.insert(1, nbformat.v4.new_markdown_cell(toc))
+    return combined
+
+
+_TABLE_RE = re.compile(r"<table\b[^>]*>.*?</table>", re.DOTALL)
+
+
+def collapse_long_tables(body: str, max_rows: int = MAX_ROWS) -> str:
+    """Fold every HTML table with more than ``max_rows`` body rows into a ``<details>``."""
+    def fold(m: re.Match) -> str:
+        table = m.group(0)
+        tbody = table.split("<tbody", 1)
+        rows = tbody[1].count("<tr") if len(tbody) == 2 else table.count("<tr")
+        if rows <= max_rows:
+            return table
+        return (f"<details class=\"kdlab-long-table\"><summary>show the full table ({rows} rows; the section's "
+                f"files hold it as CSV)</summary>{table}</details>")
+
+    return _TABLE_RE.sub(fold, body)
+
+
+def export_html(notebooks: list[Path]) -> str | None:
+    """``report.html``'s text: ``assemble`` exported without code, long tables collapsed."""
+    from nbconvert import HTMLExporter
+
+    combined = assemble(notebooks)
+    if combined is None:
+        return None
+    exporter = HTMLExporter(exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(combined)
+    return collapse_long_tables(body)
+
+
+def title(text: str) -> Any:
+    """A table's title line (bold), for ``display`` before the table."""
+    from IPython.display import Markdown
+
+    return Markdown(f"**{_html.escape(text, quote=False)}**")

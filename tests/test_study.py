@@ -239,21 +239,26 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     psutil.wait_procs(family, timeout=30)
 
 
-def kill_after_first_run(argv: list[str], study: Path, tmp_path: Path) -> None:
-    """Start ``kdlab ARGV`` in its own session and SIGKILL it (kernels included) as soon as the
-    first run of ``study`` has written its metrics.json."""
+def kill_when(argv: list[str], tmp_path: Path, ready, what: str = "the moment to kill", limit_s: float = 240) -> None:
+    """Start ``kdlab ARGV`` in its own session and SIGKILL it (kernels included) as soon as
+    ``ready()`` is true (it must come, within ``limit_s``, before the command ends)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-    with open(tmp_path / "first.log", "w") as log:
+    with open(tmp_path / "killed.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "kdlab", *argv], cwd=tmp_path, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            deadline = time.monotonic() + 240
-            while not list(study.glob("runs/*/metrics.json")):
-                assert proc.poll() is None, (tmp_path / "first.log").read_text()
-                assert time.monotonic() < deadline, "no run finished in time"
+            deadline = time.monotonic() + limit_s
+            while not ready():
+                assert proc.poll() is None, f"ended before {what}:\n" + (tmp_path / "killed.log").read_text()
+                assert time.monotonic() < deadline, f"{what} did not come in time"
                 time.sleep(0.02)
         finally:
             _kill_tree(proc)
+
+
+def kill_after_first_run(argv: list[str], study: Path, tmp_path: Path) -> None:
+    """``kill_when`` the first run of ``study`` has written its metrics.json."""
+    kill_when(argv, tmp_path, lambda: bool(list(study.glob("runs/*/metrics.json"))), "the first run's end")
 
 
 def test_study_killed_after_its_first_run_finishes_on_rerun(tiny_models, full_study, tmp_path, capsys):

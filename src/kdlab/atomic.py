@@ -6,12 +6,14 @@ the umask), directories 0777 minus the umask (``mkstemp`` / ``mkdtemp`` would le
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def _umask() -> int:
@@ -84,3 +86,17 @@ def write_dir_atomic(directory: str | Path, fill: Callable[[Path], None]) -> Pat
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return directory
+
+
+@contextmanager
+def locked(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``.<name>.lock`` beside ``path`` (waiting for it): one
+    process at a time builds ``path``. The OS releases the lock when its process dies."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, FILE_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -26,13 +27,17 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _outputs_root(args) -> Path:
-    return Path(args.outputs).resolve()
+    """``--outputs``, resolved; ``KdlabError`` when it cannot be written."""
+    from .faults import check_writable
+
+    return check_writable(Path(args.outputs).resolve())
 
 
-def _profile(args):
-    """The profile of ``args.params`` with its ``--set`` overrides, validated, and everything it
-    names on disk checked (``kdlab.preflight``)."""
+def _profile(args, models: bool = True):
+    """The profile of ``args.params`` with its ``--set`` overrides, validated, everything it names
+    on disk checked (``kdlab.preflight``) and, with ``models``, its models' recorded hashes."""
     from .config import ConfigError, load_profile
+    from .materials import check_models
     from .preflight import check_profile
 
     profile = load_profile(args.params, _overrides(args.set))
@@ -40,6 +45,8 @@ def _profile(args):
         check_profile(profile)
     except ConfigError as e:
         raise ConfigError(f"{args.params}: {e}") from None
+    if models:
+        check_models(profile, _outputs_root(args) / "models", args.params)
     return profile
 
 
@@ -48,7 +55,7 @@ def cmd_teachers(args) -> int:
     from .teachers import model_table
     from .report_tables import format_table
 
-    profile = _profile(args)
+    profile = _profile(args, models=not args.rebuild)  # (--rebuild is the remedy for a corrupt one)
     if (args.rebuild or args.capacity) and is_real(profile):
         from .config import ConfigError
         raise ConfigError(f"--rebuild / --capacity: {args.params} names pretrained checkpoints; kdlab builds only toy models")
@@ -161,6 +168,7 @@ def cmd_study(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kdlab", description=__doc__)
     parser.add_argument("--outputs", default="outputs", help="outputs root (default: ./outputs)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error instead of one line")
     sub = parser.add_subparsers(dest="cmd", required=True)
     # --outputs is also accepted after the subcommand (SUPPRESS: absent there, the top-level value stays)
     common = argparse.ArgumentParser(add_help=False)
@@ -219,17 +227,33 @@ def main(argv: list[str] | None = None) -> int:
     import transformers  # its own bars (loading, saving weights) say nothing kdlab's bars do not
 
     transformers.utils.logging.disable_progress_bar()
-    from .config import ConfigError
     try:
         return int(args.fn(args) or 0)
-    except ConfigError as e:
-        print(f"kdlab: invalid parameters: {e}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as e:
-        print(f"kdlab: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        line = _one_line(e)
+        if line is None or args.debug:
+            raise
+        print(f"kdlab: {line}", file=sys.stderr)
+        return 2
+
+
+# Faults of the environment shown as one line: a file or directory that cannot be written.
+_ENV_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR}
+
+
+def _one_line(e: Exception) -> str | None:
+    """The line the command line shows for a user or environment error; None for a bug."""
+    from .faults import KdlabError
+
+    if isinstance(e, ConfigError):
+        return f"invalid parameters: {e}"
+    if isinstance(e, (KdlabError, FileNotFoundError)):
+        return str(e)
+    if isinstance(e, OSError) and e.errno in _ENV_ERRNOS:
+        return f"cannot write {e.filename or 'a file'}: {e.strerror}"
+    return None
 
 
 if __name__ == "__main__":

@@ -172,3 +172,21 @@ def describe(profile: Profile, paths: dict[str, Path], task: str) -> dict[str, A
     return {"student_path": str(paths["student"]), "teacher_path": str(paths[task]),
             "student_id": model_id(paths["student"]), "teacher_id": model_id(paths[task]),
             "model_kind": "pretrained" if is_real(profile) else "toy"}
+
+
+def check_models(profile: Profile, root: str | Path, params: str = "PROFILE") -> None:
+    """Refuse (``kdlab.faults.CorruptCheckpoint``), before any work and writing nothing, a model of
+    the profile whose weights do not match the hash recorded for them: a toy model's cached or
+    shipped copy, a real profile's checkpoints that record one (``kdlab.json``) once all are built."""
+    from .models import verify_weights
+
+    if not is_real(profile):
+        from .teachers import check_models as check_toy
+
+        return check_toy(profile, root, params)
+    try:
+        paths = model_paths(profile, root, progress=False, train=False)
+    except FileNotFoundError:
+        return  # some are not built yet; each is checked when it is reused
+    for path in paths.values():
+        verify_weights(path, params=params)

@@ -2,7 +2,7 @@
 
 Every checkpoint kdlab writes is a normal Hugging Face directory (``config.json``,
 ``model.safetensors``, the tokenizer files) plus ``kdlab.json`` with provenance. Its weights are
-identified by the SHA-256 of ``model.safetensors``; ``load_checkpoint`` checks it when asked to.
+identified by the SHA-256 of ``model.safetensors``; ``load_checkpoint`` checks it on every load.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, P
                           Qwen2Config, Qwen2ForCausalLM)
 
 from .atomic import write_dir_atomic
+from .faults import CorruptCheckpoint
 from .schema import PRESETS
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer
 
@@ -24,6 +25,7 @@ FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwe
 # Size presets (kdlab.schema.PRESETS): parameter counts are for VOCAB_SIZE=98 with tied embeddings,
 # the same for both families up to Qwen2's attention biases.
 MAX_POSITIONS = 512
+SHIPPED_DIR = Path(__file__).resolve().parents[2] / "checkpoints"  # checkpoints the repository ships
 
 
 def model_config(family: str, size: str | dict[str, int]):
@@ -83,15 +85,34 @@ def checkpoint_meta(directory: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def verify_weights(directory: str | Path, expected: str | None = None, params: str = "PROFILE",
+                   shipped: bool | None = None) -> None:
+    """Refuse (``CorruptCheckpoint``: the file, both hashes, the remedy) a checkpoint whose
+    ``model.safetensors`` does not hash to ``expected`` (default: the sha256 its ``kdlab.json``
+    records; none recorded: nothing to check). ``params`` names the profile in the remedy;
+    ``shipped``: the checkpoint is a shipped one (default: it lies in ``SHIPPED_DIR``)."""
+    directory = Path(directory)
+    expected = expected or checkpoint_meta(directory).get("sha256")
+    if expected is None:
+        return
+    weights = directory / "model.safetensors"
+    got = file_sha256(weights) if weights.exists() else "missing"
+    if got == expected:
+        return
+    if shipped is None:
+        shipped = directory.resolve().parent == SHIPPED_DIR
+    remedy = (f"restore it (`git restore checkpoints/{directory.name}`) or train it (`kdlab teachers {params} --rebuild`)"
+              if shipped else f"remove {directory} and run `kdlab teachers {params}` to build it again")
+    raise CorruptCheckpoint(f"{weights}: sha256 {got} does not match the recorded {expected}; {remedy}")
+
+
 def load_checkpoint(directory: str | Path, dtype: torch.dtype | None = None, expected_sha256: str | None = None,
                     device: str | torch.device = "cpu") -> PreTrainedModel:
-    """Load an HF checkpoint directory; verify the weights' hash when ``expected_sha256`` is given."""
+    """Load an HF checkpoint directory after checking its weights' hash (``expected_sha256``,
+    default: the one its ``kdlab.json`` records)."""
     directory = Path(directory)
     if not (directory / "config.json").exists():
         raise FileNotFoundError(f"no Hugging Face checkpoint at {directory} (config.json missing)")
-    if expected_sha256 is not None:
-        got = file_sha256(directory / "model.safetensors")
-        if got != expected_sha256:
-            raise ValueError(f"checkpoint {directory}: weights sha256 {got} != expected {expected_sha256}")
+    verify_weights(directory, expected_sha256)
     model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype or torch.float32)
     return model.to(device).eval()

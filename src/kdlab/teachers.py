@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from .atomic import write_atomic, write_dir_atomic
+from .atomic import locked, write_atomic, write_dir_atomic
 from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
-from .models import build_model, checkpoint_meta, file_sha256, n_params, save_checkpoint
+from .models import SHIPPED_DIR, build_model, checkpoint_meta, n_params, save_checkpoint, verify_weights
 from .tasks import get_task, probe_tasks
 from .tasks.base import Task
 from .train import SFTSchedule, sft
@@ -92,7 +92,6 @@ def student_tasks(profile: Profile) -> list[str]:
     return base_tasks(profile) + list(profile.student_pretrain.extra_tasks)
 
 
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "checkpoints"
 SHIPPED_MANIFEST = "MANIFEST.json"
 
 
@@ -107,36 +106,53 @@ class ModelStore:
 
     A checkpoint the repository ships (``checkpoints/<role>-<hash>/``, listed with its weights'
     SHA-256 in ``checkpoints/MANIFEST.json``) is copied in instead of being trained, after its
-    hash is checked; ``kdlab teachers --rebuild`` trains it from scratch instead.
+    hash is checked; ``kdlab teachers --rebuild`` trains it from scratch instead. A cached
+    checkpoint's hash is checked against its ``kdlab.json`` whenever it is reused. One process
+    at a time builds a model (``kdlab.atomic.locked``); the others wait and reuse its copy.
     """
 
     def __init__(self, root: str | Path, shipped_dir: Path | None = SHIPPED_DIR):
         self.root = Path(root)
         self.shipped_dir = shipped_dir
 
+    def shipped(self, name: str, params: str = "PROFILE") -> Path | None:
+        """The shipped checkpoint ``name``, its weights checked against the manifest; None if none."""
+        sha = shipped_manifest(self.shipped_dir).get(name) if self.shipped_dir is not None else None
+        if sha is None or not (self.shipped_dir / name / "config.json").exists():
+            return None
+        verify_weights(self.shipped_dir / name, sha, params=params, shipped=True)
+        return self.shipped_dir / name
+
     def install_shipped(self, name: str, final: Path) -> bool:
-        if self.shipped_dir is None:
-            return False
-        sha = shipped_manifest(self.shipped_dir).get(name)
-        src = self.shipped_dir / name
-        if sha is None or not (src / "config.json").exists():
-            return False
-        got = file_sha256(src / "model.safetensors")
-        if got != sha:
-            raise ValueError(f"shipped checkpoint {src}: weights sha256 {got} does not match {SHIPPED_MANIFEST} ({sha})")
-        write_dir_atomic(final, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
-        return True
+        src = self.shipped(name)
+        if src is not None:
+            write_dir_atomic(final, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
+        return src is not None
 
     def path(self, role: str, key: dict[str, Any]) -> Path:
         return self.root / f"{role}-{_digest(key)}"
 
+    @staticmethod
+    def cached(final: Path) -> bool:
+        """True when ``final`` is built (and its weights match their recorded hash)."""
+        if not (final / "config.json").exists():
+            return False
+        verify_weights(final)
+        return True
+
     def get_or_train(self, role: str, key: dict[str, Any], spec: ModelSpec, pre: PretrainSpec,
                      mix: list[tuple[Task, float]], progress: bool = True, checkpoint_every: int = 250) -> Path:
         final = self.path(role, key)
-        if (final / "config.json").exists():
+        if self.cached(final):
             return final
-        if self.install_shipped(final.name, final):
-            return final
+        with locked(final):
+            if self.cached(final) or self.install_shipped(final.name, final):  # (another process built it)
+                return final
+            return self._train(final, role, key, spec, pre, mix, progress, checkpoint_every)
+
+    def _train(self, final: Path, role: str, key: dict[str, Any], spec: ModelSpec, pre: PretrainSpec,
+               mix: list[tuple[Task, float]], progress: bool, checkpoint_every: int) -> Path:
+        """Train the model into ``final``, resuming from its ``.partial`` checkpoint."""
         partial = final.with_name(final.name + ".partial")
         model = build_model(spec.family, spec.size, seed=spec.seed)
         sched = SFTSchedule(steps=pre.steps, batch_size=pre.batch_size, lr=pre.lr, warmup=pre.warmup, seed=pre.seed)
@@ -169,16 +185,33 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     checkpoints shipped in the repository and trains them."""
     store = ModelStore(root, shipped_dir=None if rebuild else SHIPPED_DIR)
     out: dict[str, Path] = {}
-    jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, student_tasks(profile)))]
-    for t in base_tasks(profile):
-        jobs.append((f"teacher-{t}", profile.teacher, teacher_schedule(profile, t), teacher_mixture(profile, t)))
-    for role, spec, pre, mix in jobs:
+    for role, spec, pre, mix in _recipes(profile):
         key = model_key(role, spec, pre, mix, profile.trace)
         path = store.path(role, key)
         if not (path / "config.json").exists() and not train and not store.install_shipped(path.name, path):
             raise FileNotFoundError(f"model {role} for profile {profile.name!r} is not built at {path}; run `kdlab teachers`")
         out[role.removeprefix("teacher-")] = store.get_or_train(role, key, spec, pre, mix, progress=progress)
     return out
+
+
+def _recipes(profile: Profile) -> list[tuple[str, ModelSpec, PretrainSpec, list[tuple[Task, float]]]]:
+    """(role, spec, schedule, mixture) of the student base and of each task's teacher."""
+    jobs = [("student", profile.student, profile.student_pretrain, student_mixture(profile, student_tasks(profile)))]
+    for t in base_tasks(profile):
+        jobs.append((f"teacher-{t}", profile.teacher, teacher_schedule(profile, t), teacher_mixture(profile, t)))
+    return jobs
+
+
+def check_models(profile: Profile, root: str | Path, params: str = "PROFILE") -> None:
+    """Refuse (``CorruptCheckpoint``), writing nothing, a model of the profile whose weights do
+    not match their recorded hash: its cached copy under ``root``, else the shipped one."""
+    store = ModelStore(root, shipped_dir=SHIPPED_DIR)
+    for role, spec, pre, mix in _recipes(profile):
+        path = store.path(role, model_key(role, spec, pre, mix, profile.trace))
+        if (path / "config.json").exists():
+            verify_weights(path, params=params)
+        else:
+            store.shipped(path.name, params)
 
 
 def capacity_paths(profile: Profile, root: str | Path, progress: bool = True) -> dict[str, Path]:

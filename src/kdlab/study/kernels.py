@@ -8,6 +8,7 @@ pays for the kernel start and the imports. A job's notebook that raises gets ``e
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Any, Callable
 import nbformat
 
 from ..atomic import FILE_MODE, write_json_atomic, write_text_atomic
-from .plan import NOTEBOOKS_DIR, Job, _notebook, run_is_complete
+from .plan import NOTEBOOKS_DIR, RUN_NB, Job, _notebook, nonfinite_metrics, run_is_complete
 
 KERNEL_NAME = "python3"
 KERNEL_STARTUP_TIMEOUT_S = 180
@@ -291,8 +292,13 @@ def _execute_safely(kernel: WarmKernel, notebook: Path, output: Path, parameters
         return kernel.execute(notebook, output, parameters, cwd)
     except Exception as e:  # noqa: BLE001 - recorded, and the study goes on
         return NotebookOutcome(output, time.perf_counter() - t0,
-                               {"cell_index": None, "execution_count": None, "source": "", "ename": type(e).__name__,
-                                "evalue": f"the study runner could not execute this notebook: {e}", "traceback": []})
+                               _runner_error(type(e).__name__, f"the study runner could not execute this notebook: {e}"))
+
+
+def _runner_error(ename: str, evalue: str) -> dict[str, Any]:
+    """An error the runner found (not raised by a notebook cell), shaped like a notebook's."""
+    return {"cell_index": None, "execution_count": None, "source": "", "ename": ename, "evalue": evalue,
+            "traceback": []}
 
 
 def _record_error(path: Path, outcome: NotebookOutcome, **extra: Any) -> None:
@@ -307,18 +313,54 @@ def _execute_job(kernel: WarmKernel, job: Job, recorded: bool, ctx: "Context") -
     again on the recorded metrics.json (the run is not redone).
     """
     run_dir = job.out_dir
-    if not recorded:
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # an unfinished earlier attempt
-        run_dir.mkdir(parents=True)
+    try:
+        if not recorded:
+            _fresh_dir(run_dir)
+    except OSError as e:
+        return _record_fault(job, ctx, NotebookOutcome(run_dir / job.output, 0.0, _runner_error(
+            type(e).__name__, f"the run directory {run_dir} cannot be written: {e}")))
     params = job.parameters(ctx.params_path, ctx.outputs, ctx.threads, recorded)
     outcome = _execute_safely(kernel, _notebook(job.notebook), run_dir / job.output, params, run_dir)
-    if outcome.error is None and not job.complete():
-        outcome.error = {"cell_index": None, "execution_count": None, "source": "", "ename": "MissingMetrics",
-                         "evalue": f"the notebook finished without writing {', '.join(('metrics.json',) + job.requires)}",
-                         "traceback": []}
-    if outcome.error is not None and not ctx.stop.is_set():  # (an interrupted study killed it: no error)
-        _record_error(run_dir / "error.json", outcome, run_id=job.id)
+    if outcome.error is None:
+        outcome.error = _unfinished(job)
+    return _record_fault(job, ctx, outcome)
+
+
+def _fresh_dir(run_dir: Path) -> None:
+    """An empty ``run_dir`` (an unfinished earlier attempt is removed)."""
+    if run_dir.exists() or run_dir.is_symlink():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
+
+
+def _unfinished(job: Job) -> dict[str, Any] | None:
+    """Why a job whose notebook ran to its end is not a complete run (None: it is). Non-finite
+    metrics are moved aside (``metrics.nonfinite.json``), so that the run counts as not done."""
+    if not job.complete():
+        return _runner_error("MissingMetrics", "the notebook finished without writing "
+                             + ", ".join(("history.json", "metrics.json") + job.requires))
+    why = _set_aside_nonfinite(job.out_dir) if job.notebook == RUN_NB else None
+    return None if why is None else _runner_error("NonFiniteMetrics", why)
+
+
+def _set_aside_nonfinite(run_dir: Path) -> str | None:
+    """When a run's measured metrics are not all finite: move its ``metrics.json`` to
+    ``metrics.nonfinite.json`` (the run is then not done) and say which; else None."""
+    bad = nonfinite_metrics(run_dir)
+    if not bad:
+        return None
+    os.replace(run_dir / "metrics.json", run_dir / "metrics.nonfinite.json")
+    return f"{', '.join(bad)}: not a finite number (the metrics are kept in metrics.nonfinite.json)"
+
+
+def _record_fault(job: Job, ctx: "Context", outcome: NotebookOutcome) -> NotebookOutcome:
+    """Write the job's ``error.json`` when it failed (not when an interrupted study killed it);
+    a directory that cannot take it leaves the failure to the study's summary."""
+    if outcome.error is not None and not ctx.stop.is_set():
+        try:
+            _record_error(job.out_dir / "error.json", outcome, run_id=job.id)
+        except OSError:
+            pass
     return outcome
 
 
@@ -333,6 +375,9 @@ def papermill_run(notebook: str, output: str, parameters: dict[str, Any], cwd: s
         shutil.rmtree(run_dir)  # an unfinished earlier attempt
     run_dir.mkdir(parents=True, exist_ok=True)
     pm.execute_notebook(notebook, output, parameters=parameters, kernel_name=kernel_name, cwd=cwd, progress_bar=False)
+    why = _set_aside_nonfinite(run_dir)
+    if why:
+        raise ValueError(f"NonFiniteMetrics: {why}")
     return json.loads((run_dir / "metrics.json").read_text())
 
 
@@ -346,6 +391,8 @@ def _run_on_ray(address: str, todo: list[Job], ctx: "Context", on_done: Callable
     specs = []
     for job in todo:
         run_dir = job.out_dir
+        with contextlib.suppress(OSError):  # an incomplete run (truncated history.json) is not skipped
+            (run_dir / "metrics.json").unlink(missing_ok=True)
         params = job.parameters(ctx.params_path, ctx.outputs, ctx.threads, False)
         specs.append(RunSpec(str(run_dir), papermill_run, dict(notebook=str(_notebook(job.notebook)),
                                                                 output=str(run_dir / job.output),

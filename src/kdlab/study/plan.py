@@ -4,7 +4,8 @@
   seeds, then the lambda spectrum), in grid order and in the order workers start them;
 - ``Job``: one notebook execution (a grid cell, a style run or an RLVR start) with the one
   parameter that carries its whole configuration (``run``: ``RunConfig`` as a dict);
-- completeness: a run directory with a whole ``metrics.json`` is complete (never redone);
+- completeness: a run directory with a whole ``metrics.json`` and ``history.json`` is complete
+  (never redone);
 - ``check_params``: the resolved profile kept as ``params.yaml``; a rerun with other settings
   (except the grid lists) is refused;
 - ``study_model_paths`` / ``models_ready``: the models the study needs, built or not.
@@ -12,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -144,12 +146,29 @@ def rlvr_job(study_dir: Path, start: RLVRStart) -> Job:
                params=(("start", start.spec), ("seed", start.seed)), output="rlvr.ipynb")
 
 
-def run_is_complete(run_dir: Path) -> bool:
-    """A run is complete when its ``metrics.json`` (written atomically, last) holds a JSON object."""
+def _json_of(path: Path, kind: type) -> bool:
+    """True when ``path`` holds a whole JSON value of ``kind``."""
     try:
-        return isinstance(json.loads((run_dir / "metrics.json").read_text()), dict)
-    except (OSError, json.JSONDecodeError):
+        return isinstance(json.loads(path.read_text()), kind)
+    except (OSError, ValueError):
         return False
+
+
+def run_is_complete(run_dir: Path) -> bool:
+    """A run is complete when its ``history.json`` holds a JSON list and its ``metrics.json``
+    (both written atomically, metrics last) a JSON object: a truncated file makes it redo."""
+    return _json_of(run_dir / "metrics.json", dict) and _json_of(run_dir / "history.json", list)
+
+
+# The measured metrics of a grid or style run that must be finite numbers (a collapsed run's are:
+# its evaluation reads whatever weights it ended with).
+FINITE_METRICS = ("accuracy", "base_accuracy", "forgetting", "sparsity")
+
+
+def nonfinite_metrics(run_dir: Path) -> list[str]:
+    """The ``FINITE_METRICS`` of a run's ``metrics.json`` that are missing, NaN or infinite."""
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return [k for k in FINITE_METRICS if not isinstance(metrics.get(k), (int, float)) or not math.isfinite(metrics[k])]
 
 
 def notebook_finished(path: Path) -> bool:

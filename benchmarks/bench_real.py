@@ -45,7 +45,17 @@ weighted as one forward + backward of the model is the reference, ``matmul_gflop
 ``peak_fraction`` is its model FLOPs (2 x params x tokens for the matmuls, LM head included,
 plus 4 x context x query width per token and layer for attention; backward = 2 x forward;
 decoding counted one position per step) per second of the phase, over that rate. The cell's
-``peak_fraction`` is kdlab's student forward + backward (target 0.30).
+``peak_fraction`` is kdlab's student forward + backward (target 0.30). ``peak_fraction_cpu``
+is the same per second of process CPU time (all threads) over the matmul FLOPs per CPU second:
+on a shared machine, where a process gets a varying share of the cores, it says what a phase
+makes of the CPU it gets, and wall-clock figures mostly say how busy the machine was.
+
+Shared machines
+---------------
+Idle OpenMP threads sleep (``OMP_WAIT_POLICY=PASSIVE``, both frameworks), results are written
+after every worker (a cell with one framework only has ``complete`` false), ``--budget-min``
+starts no worker past a time budget, the load average around each worker is recorded, and only
+the first cell of each policy profiles a step.
 
 Equal work
 ----------
@@ -56,7 +66,7 @@ in the logits' dtype inside its trainer, and feeds left-padded rows without posi
 
 Profile
 -------
-After its measured run, the kdlab worker of every cell runs one more step under
+After its measured run, the kdlab worker of the first cell of each policy runs one more step under
 ``torch.profiler`` (``--profile all``: TRL's too) and records the ops with the most self time
 (``kdlab_profile``), so that a missed target comes with where the time goes.
 """
@@ -75,6 +85,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 os.environ.setdefault("OMP_NUM_THREADS", "2")
+# Idle OpenMP threads sleep instead of spinning: on a shared machine with more runnable threads
+# than cores, spinning threads of a 2-thread process stall each other (measured here: 4 decoding
+# steps > 300 s with spinning, 56 s passive, 49 s with one thread). Both frameworks run with it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
@@ -91,7 +105,7 @@ BATCH = 8
 NEW_TOKENS = 64
 THREADS = 2
 LR = 5e-5  # params/smol.yaml's low rate
-CELLS = common.CELLS
+CELLS = (("off", "forward"), ("on", "forward"), ("off", "reverse"), ("on", "reverse"))  # both policies first
 FULL = dict(warmup=1, window=1, repeats=3)
 QUICK = dict(warmup=0, window=1, repeats=1)
 TARGETS = {"off": 2.0, "on": 3.0}
@@ -147,23 +161,25 @@ def rollout_flops(shape: dict[str, Any], batch: int, prompt: int, new: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-def _time_op(fn: Callable[[], Any], min_s: float = 0.3, max_reps: int = 20) -> float:
-    """Median seconds of ``fn`` after two warm-up calls (at least 3 timed calls, up to ``min_s``)."""
-    fn(), fn()
-    times: list[float] = []
-    while len(times) < 3 or (sum(times) < min_s and len(times) < max_reps):
-        t0 = time.perf_counter()
+def _time_op(fn: Callable[[], Any], min_s: float = 0.3, max_reps: int = 20) -> tuple[float, float]:
+    """Median (wall, process CPU) seconds of ``fn`` after one warm-up call (at least 3 timed
+    calls, more up to ``min_s`` of wall time)."""
+    fn()
+    times: list[tuple[float, float]] = []
+    while len(times) < 3 or (sum(t for t, _ in times) < min_s and len(times) < max_reps):
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times.append((time.perf_counter() - t0, time.process_time() - c0))
+    return statistics.median(t for t, _ in times), statistics.median(c for _, c in times)
 
 
 def matmul_rate(linears: list[list[int]], rows: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
     """bf16 GFLOP/s of the forward (x W^T), grad-input (g W) and grad-weight (g^T x) products of
     each linear layer ``[in, out, count]`` at ``rows`` rows, and of their mix weighted as one
-    forward + backward of the model (``gflops``: total FLOPs / total time)."""
+    forward + backward of the model (``gflops``: total FLOPs / total wall time;
+    ``gflops_per_cpu_s``: per second of this process's CPU time, all threads)."""
     g = torch.Generator().manual_seed(0)
-    per_shape, total_flop, total_s, best = [], 0.0, 0.0, 0.0
+    per_shape, total_flop, total_s, total_cpu, best = [], 0.0, 0.0, 0.0, 0.0
     for k, n, count in linears:
         x = torch.randn(rows, k, generator=g).to(dtype)
         w = torch.randn(n, k, generator=g).to(dtype)
@@ -172,13 +188,16 @@ def matmul_rate(linears: list[list[int]], rows: int, dtype: torch.dtype = torch.
         secs = {"forward": _time_op(lambda: torch.nn.functional.linear(x, w)),
                 "grad_input": _time_op(lambda: grad @ w),
                 "grad_weight": _time_op(lambda: grad.t() @ x)}
-        rates = {name: flop / s / 1e9 for name, s in secs.items()}
+        rates = {name: flop / s / 1e9 for name, (s, _) in secs.items()}
         best = max(best, *rates.values())
-        per_shape.append({"in": k, "out": n, "count": count, "rows": rows, "gflops": rates})
+        per_shape.append({"in": k, "out": n, "count": count, "rows": rows, "gflops": rates,
+                          "gflops_per_cpu_s": {name: flop / max(c, 1e-9) / 1e9 for name, (_, c) in secs.items()}})
         total_flop += 3 * flop * count
-        total_s += sum(secs.values()) * count
-    return {"gflops": total_flop / total_s / 1e9, "best_gflops": best, "rows": rows, "dtype": str(dtype),
-            "threads": torch.get_num_threads(), "shapes": per_shape}
+        total_s += sum(s for s, _ in secs.values()) * count
+        total_cpu += sum(c for _, c in secs.values()) * count
+    return {"gflops": total_flop / total_s / 1e9, "gflops_per_cpu_s": total_flop / max(total_cpu, 1e-9) / 1e9,
+            "best_gflops": best, "rows": rows, "dtype": str(dtype), "threads": torch.get_num_threads(),
+            "shapes": per_shape}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,14 +219,21 @@ class PhaseClock:
 
     @staticmethod
     def _zero() -> dict[str, float]:
-        return {**{f"{p}_s": 0.0 for p in PHASES}, **{f"{p}_flop": 0.0 for p in PHASES}}
+        return {f"{p}_{unit}": 0.0 for p in PHASES for unit in ("s", "cpu_s", "flop")}
 
-    def _add(self, phase: str, seconds: float, flop: float = 0.0) -> None:
-        self._acc[f"{phase}_s"] += seconds
+    @staticmethod
+    def _now() -> tuple[float, float]:
+        return time.perf_counter(), time.process_time()
+
+    def _add(self, phase: str, start: tuple[float, float], flop: float = 0.0) -> None:
+        """Adds the wall and CPU time since ``start`` (a ``_now()``) and ``flop`` to ``phase``."""
+        wall, cpu = self._now()
+        self._acc[f"{phase}_s"] += wall - start[0]
+        self._acc[f"{phase}_cpu_s"] += cpu - start[1]
         self._acc[f"{phase}_flop"] += flop
 
     def _module_timer(self, model: torch.nn.Module, phase: str, shape: dict[str, Any]) -> None:
-        open_calls: list[tuple[float, float] | None] = []
+        open_calls: list[tuple[tuple[float, float], float] | None] = []
 
         def pre(module, args, kwargs):
             if phase == "student_forward" and self._in_rollout:
@@ -217,12 +243,12 @@ class PhaseClock:
             keep = kwargs.get("logits_to_keep")
             b, length = ids.shape
             flop = forward_flops(shape, b, length, head_positions=keep if isinstance(keep, int) and keep > 0 else None)
-            open_calls.append((time.perf_counter(), flop))
+            open_calls.append((self._now(), flop))
 
         def post(module, args, kwargs, output):
             call = open_calls.pop()
             if call is not None:
-                self._add(phase, time.perf_counter() - call[0], call[1])
+                self._add(phase, *call)
 
         handles = [model.register_forward_pre_hook(pre, with_kwargs=True),
                    model.register_forward_hook(post, with_kwargs=True)]
@@ -237,13 +263,13 @@ class PhaseClock:
     def _rollout_timer(self, flop_of: Callable[..., float]) -> Callable[[Callable], Callable]:
         def make(fn: Callable) -> Callable:
             def timed(*args, **kwargs):
-                t0 = time.perf_counter()
+                t0 = self._now()
                 self._in_rollout += 1
                 try:
                     out = fn(*args, **kwargs)
                 finally:
                     self._in_rollout -= 1
-                self._add("rollout", time.perf_counter() - t0, flop_of(out, *args, **kwargs))
+                self._add("rollout", t0, flop_of(out, *args, **kwargs))
                 return out
             return timed
         return make
@@ -254,16 +280,16 @@ class PhaseClock:
 
         self._module_timer(self.teacher, "teacher", self.shapes["teacher"])
         self._module_timer(self.student, "student_forward", self.shapes["student"])
-        opt_t0: list[float] = []
+        opt_t0: list[tuple[float, float]] = []
 
         def opt_pre(opt, args, kwargs):
-            opt_t0.append(time.perf_counter())
+            opt_t0.append(self._now())
 
         def opt_post(opt, args, kwargs):
             t0 = opt_t0.pop()
             if opt_t0:  # an optimizer stepped by a wrapping one (accelerate's): counted by the outer
                 return
-            self._add("optimizer", time.perf_counter() - t0)
+            self._add("optimizer", t0)
             self.steps.append(self._acc)  # an optimiser step ends a training step
             self._acc = self._zero()
 
@@ -272,9 +298,9 @@ class PhaseClock:
 
         def timed_backward(fn: Callable) -> Callable:
             def backward(tensor, *args, **kwargs):
-                t0 = time.perf_counter()
+                t0 = self._now()
                 out = fn(tensor, *args, **kwargs)
-                self._add("backward", time.perf_counter() - t0)
+                self._add("backward", t0)
                 return out
             return backward
 
@@ -300,10 +326,13 @@ class PhaseClock:
         while self._undo:
             self._undo.pop()()
 
-    def split(self, step_wall: list[float], rate_gflops: float | None = None) -> dict[str, Any]:
+    def split(self, step_wall: list[float], rate_gflops: float | None = None,
+              rate_gflops_per_cpu_s: float | None = None) -> dict[str, Any]:
         """Median seconds per step of each phase (``student_fb`` = forward + backward; ``other``
-        = the rest of the step) and each phase's peak fraction (its model FLOPs per second over
-        the measured run, over ``rate_gflops``)."""
+        = the rest of the step) and each phase's peak fraction: its model FLOPs per second of
+        wall time over the measured run, over ``rate_gflops`` (``peak_fraction``), and per
+        second of CPU time over ``rate_gflops_per_cpu_s`` (``peak_fraction_cpu``: what the phase
+        makes of the CPU it gets, less sensitive to a shared machine)."""
         steps = self.steps[-len(step_wall):] if step_wall else []
         if len(steps) != len(step_wall):
             raise RuntimeError(f"the phase clock saw {len(steps)} optimiser steps, expected {len(step_wall)}")
@@ -315,16 +344,18 @@ class PhaseClock:
             row["step_s"] = wall
             rows.append(row)
         out: dict[str, Any] = {k: statistics.median(r[k] for r in rows) for k in rows[0]} if rows else {}
-        fractions: dict[str, float | None] = {}
-        if rate_gflops and steps:
-            total = {k: sum(st[k] for st in steps) for k in steps[0]}
-            work = {"rollout": (total["rollout_flop"], total["rollout_s"]),
-                    "teacher": (total["teacher_flop"], total["teacher_s"]),
-                    "student_fb": (3 * total["student_forward_flop"], total["student_forward_s"] + total["backward_s"])}
-            for phase, (flop, secs) in work.items():
-                fractions[phase] = flop / secs / (rate_gflops * 1e9) if flop and secs > 0 else None
-            out["gflop_per_step"] = {p: f / len(steps) / 1e9 for p, (f, _) in work.items()}
-        out["peak_fraction"] = fractions
+        if not steps:
+            return {**out, "peak_fraction": {}, "peak_fraction_cpu": {}}
+        total = {k: sum(st[k] for st in steps) for k in steps[0]}
+        flop = {"rollout": total["rollout_flop"], "teacher": total["teacher_flop"],
+                "student_fb": 3 * total["student_forward_flop"]}
+        out["gflop_per_step"] = {p: f / len(steps) / 1e9 for p, f in flop.items()}
+        for key, unit, rate in (("peak_fraction", "s", rate_gflops), ("peak_fraction_cpu", "cpu_s", rate_gflops_per_cpu_s)):
+            secs = {"rollout": total[f"rollout_{unit}"], "teacher": total[f"teacher_{unit}"],
+                    "student_fb": total[f"student_forward_{unit}"] + total[f"backward_{unit}"]}
+            out[key] = {p: flop[p] / secs[p] / (rate * 1e9) if rate and flop[p] and secs[p] > 0 else None
+                        for p in flop}
+        out["cpu_s_per_step"] = {p: total[f"{p}_cpu_s"] / len(steps) for p in PHASES}
         return out
 
 
@@ -371,7 +402,8 @@ def profiled(run_one_step: Callable[[], Any]) -> dict[str, Any]:
 
 
 def worker(fw: str, policy: str, kl: str, data_path: str, student_dir: str, teacher_dir: str, warmup: int,
-           window: int, repeats: int, batch: int, rate_gflops: float | None, profile: bool) -> dict[str, Any]:
+           window: int, repeats: int, batch: int, rate_gflops: float | None, profile: bool,
+           rate_gflops_per_cpu_s: float | None = None) -> dict[str, Any]:
     """One framework on one cell: timings, split, peak RSS and (``profile``) one profiled step."""
     data = pickle.loads(Path(data_path).read_bytes())
     student, teacher, codec = load_models(student_dir, teacher_dir)
@@ -387,7 +419,7 @@ def worker(fw: str, policy: str, kl: str, data_path: str, student_dir: str, teac
             return common.time_trl(student, teacher, codec.tokenizer, rows, policy, kl, data["new_tokens"], w, win,
                                    reps, batch, lr=LR, clock=clk)
     out = run(warmup, window, repeats, clock)
-    out["split"] = clock.split(out["step_wall_s"], rate_gflops)
+    out["split"] = clock.split(out["step_wall_s"], rate_gflops, rate_gflops_per_cpu_s)
     if profile:
         out["profile"] = profiled(lambda: run(0, 1, 1))
     return out
@@ -405,7 +437,7 @@ def _worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.worker == "matmul":
         return matmul_rate(json.loads(args.linears), args.rows)
     return worker(args.worker, args.policy, args.kl, args.data, args.student, args.teacher, args.warmup,
-                  args.window, args.repeats, args.batch, args.rate, args.profile_step)
+                  args.window, args.repeats, args.batch, args.rate, args.profile_step, args.rate_cpu)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -467,9 +499,13 @@ def diagnosis(policy: str, split: dict[str, Any]) -> str:
 
 def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[str, int], out: Path,
              cells: tuple[tuple[str, str], ...] = CELLS, batch: int = BATCH, new_tokens: int = NEW_TOKENS,
-             threads: int = THREADS, isolate: bool = True, profile: str = "kdlab", log=print) -> list[dict[str, Any]]:
+             threads: int = THREADS, isolate: bool = True, profile: str = "kdlab", budget_s: float | None = None,
+             log=print) -> list[dict[str, Any]]:
     """Every cell, both frameworks, each in its own worker; writes ``out`` (a list of cells) after
-    each cell and the matmul measurement next to it (``real_matmul.json``). Returns the cells."""
+    each worker (a cell missing a framework has ``complete`` false) and the matmul measurement
+    next to it (``real_matmul.json``). ``profile``: which framework's worker profiles one extra
+    step, in the first cell of each policy. ``budget_s``: no worker starts after that many
+    seconds. Returns the cells."""
     torch.set_num_threads(threads)
     with_trl = common.trl_available()
     if not with_trl:
@@ -487,7 +523,8 @@ def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[st
     log(f"measuring the bf16 matmul rate at the model's shapes ({rows} rows, {threads} threads) ...")
     matmul = _call(["--worker", "matmul", "--linears", json.dumps(facts["shape"]["linears"]), "--rows", str(rows),
                     "--threads", str(threads)], isolate, threads)
-    log(f"  {matmul['gflops']:.0f} GFLOP/s (model mix), best shape {matmul['best_gflops']:.0f} GFLOP/s")
+    log(f"  {matmul['gflops']:.0f} GFLOP/s (model mix; {matmul['gflops_per_cpu_s']:.0f} per CPU second), "
+        f"best shape {matmul['best_gflops']:.0f} GFLOP/s")
     out.parent.mkdir(parents=True, exist_ok=True)
     (out.parent / "real_matmul.json").write_text(json.dumps(matmul, indent=2))
     setup = {"student": str(student_dir), "teacher": str(teacher_dir),
@@ -498,58 +535,80 @@ def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[st
              "mean_prompt_tokens": facts["mean_prompt_tokens"], **settings}
     result: list[dict[str, Any]] = []
     loads: list[tuple[float, ...]] = []
+    current: dict[str, dict[str, Any]] = {}
+    profiled_policies: set[str] = set()
+    started = time.perf_counter()
 
-    def run_one(fw: str, policy: str, kl: str, data_path: str) -> dict[str, Any]:
-        t0 = time.perf_counter()
-        loads.append(os.getloadavg())
-        res = _call(["--worker", fw, "--policy", policy, "--kl", kl, "--data", data_path,
-                     "--student", str(student_dir), "--teacher", str(teacher_dir), "--batch", str(batch),
-                     "--threads", str(threads), "--rate", str(matmul["gflops"]),
-                     *(["--profile-step"] if profile in ("all", fw) else []),
-                     *[f"--{k}={v}" for k, v in settings.items()]], isolate, threads)
-        loads.append(os.getloadavg())
-        log(f"    {time.perf_counter() - t0:.0f} s, {res['tokens_per_s']:.1f} tokens/s")
-        return res
-
-    for policy, kl, res in common.each_cell(data, cells, with_trl, run_one, log):
-        k, t = res["kdlab"], res.get("trl")
-        ks, ts = k["split"], t and t["split"]
-        ratio = _ratio(k["tokens_per_s"], t and t["tokens_per_s"])
-        fb = ks["peak_fraction"].get("student_fb")
+    def cell_of(policy: str, kl: str, res: dict[str, Any]) -> dict[str, Any]:
+        k, t = res.get("kdlab"), res.get("trl")
+        ks, ts = k and k["split"], t and t["split"]
+        ratio = _ratio(k and k["tokens_per_s"], t and t["tokens_per_s"])
+        fb = ks and ks["peak_fraction"].get("student_fb")
         loss = losses.get(kl, {})
-        cell: dict[str, Any] = {
-            "policy": policy, "kl": kl,
-            "kdlab_tokens_per_s": k["tokens_per_s"], "trl_tokens_per_s": t and t["tokens_per_s"],
+        return {
+            "policy": policy, "kl": kl, "complete": bool(k) and (bool(t) or not with_trl),
+            "kdlab_tokens_per_s": k and k["tokens_per_s"], "trl_tokens_per_s": t and t["tokens_per_s"],
             "ratio": ratio, "target_ratio": TARGETS[policy],
             "meets_target": None if ratio is None else ratio >= TARGETS[policy],
-            "kdlab_tokens_per_cpu_s": k["tokens_per_cpu_s"], "trl_tokens_per_cpu_s": t and t["tokens_per_cpu_s"],
-            "ratio_cpu": _ratio(k["tokens_per_cpu_s"], t and t["tokens_per_cpu_s"]),
-            "kdlab_peak_mb": k["peak_mb"], "trl_peak_mb": t and t["peak_mb"],
+            "kdlab_tokens_per_cpu_s": k and k["tokens_per_cpu_s"], "trl_tokens_per_cpu_s": t and t["tokens_per_cpu_s"],
+            "ratio_cpu": _ratio(k and k["tokens_per_cpu_s"], t and t["tokens_per_cpu_s"]),
+            "kdlab_peak_mb": k and k["peak_mb"], "trl_peak_mb": t and t["peak_mb"],
             "loss_abs_diff": loss.get("loss_abs_diff"), "kdlab_loss": loss.get("kdlab_loss"),
             "trl_loss": loss.get("trl_loss"),
             "loss_within_tolerance": None if not loss else loss["loss_abs_diff"] <= LOSS_TOL,
             "peak_fraction": fb, "peak_target": PEAK_TARGET,
             "meets_peak_target": None if fb is None else fb >= PEAK_TARGET,
+            "peak_fraction_cpu": ks and ks["peak_fraction_cpu"].get("student_fb"),
             "trl_peak_fraction": ts and ts["peak_fraction"].get("student_fb"),
+            "trl_peak_fraction_cpu": ts and ts["peak_fraction_cpu"].get("student_fb"),
             "kdlab_split": ks, "trl_split": ts,
-            "kdlab_teacher_cache_hit": k.get("teacher_cache_hit"),
-            "kdlab_window_tokens_per_s": k["window_tokens_per_s"],
+            "kdlab_teacher_cache_hit": k and k.get("teacher_cache_hit"),
+            "kdlab_window_tokens_per_s": k and k["window_tokens_per_s"],
             "trl_window_tokens_per_s": t and t["window_tokens_per_s"],
-            "kdlab_step_s": k["step_wall_s"], "trl_step_s": t and t["step_wall_s"],
+            "kdlab_step_s": k and k["step_wall_s"], "trl_step_s": t and t["step_wall_s"],
+            "kdlab_step_cpu_s": k and k["step_cpu_s"], "trl_step_cpu_s": t and t["step_cpu_s"],
             "diagnosis": diagnosis(policy, ks),
-            "kdlab_profile": k.get("profile"), "trl_profile": t and t.get("profile"),
-            "machine": {"matmul_gflops": matmul["gflops"], "matmul_best_gflops": matmul["best_gflops"],
-                        "cpu_count": os.cpu_count(),
-                        "loadavg_1_5_15_min": loads[-2 * len(res):]},
+            "kdlab_profile": k and k.get("profile"), "trl_profile": t and t.get("profile"),
+            "machine": {"matmul_gflops": matmul["gflops"], "matmul_gflops_per_cpu_s": matmul["gflops_per_cpu_s"],
+                        "matmul_best_gflops": matmul["best_gflops"], "cpu_count": os.cpu_count(),
+                        "loadavg_1_5_15_min_around_workers": loads[-2 * len(res):]},
             "setup": setup,
         }
-        result.append(cell)
-        out.write_text(json.dumps(result, indent=2))
+
+    def run_one(fw: str, policy: str, kl: str, data_path: str) -> dict[str, Any]:
+        if budget_s is not None and time.perf_counter() - started > budget_s:
+            raise TimeoutError
+        t0 = time.perf_counter()
+        loads.append(os.getloadavg())
+        prof = profile in ("all", fw) and (policy, fw) not in profiled_policies
+        res = _call(["--worker", fw, "--policy", policy, "--kl", kl, "--data", data_path,
+                     "--student", str(student_dir), "--teacher", str(teacher_dir), "--batch", str(batch),
+                     "--threads", str(threads), "--rate", str(matmul["gflops"]),
+                     "--rate-cpu", str(matmul["gflops_per_cpu_s"]), *(["--profile-step"] if prof else []),
+                     *[f"--{k}={v}" for k, v in settings.items()]], isolate, threads)
+        if prof:
+            profiled_policies.add((policy, fw))
+        loads.append(os.getloadavg())
+        log(f"    {time.perf_counter() - t0:.0f} s, {res['tokens_per_s']:.1f} tokens/s "
+            f"({res['tokens_per_cpu_s']:.1f} per CPU second)")
+        current[fw] = res  # written at once: a run stopped in the middle of a cell keeps this part
+        out.write_text(json.dumps(result + [cell_of(policy, kl, current)], indent=2))
+        return res
+
+    try:
+        for policy, kl, res in common.each_cell(data, cells, with_trl, run_one, log):
+            result.append(cell_of(policy, kl, res))
+            current.clear()
+            out.write_text(json.dumps(result, indent=2))
+    except TimeoutError:
+        log(f"time budget of {budget_s:.0f} s spent: stopped before the remaining workers")
+        return result + ([cell_of(*cells[len(result)], current)] if current else [])
     return result
 
 
 TABLE = (*common.TABLE[:2], ("kdlab tok/s", "kdlab_tokens_per_s", "11.1f"), ("TRL tok/s", "trl_tokens_per_s", "9.1f"),
-         *common.TABLE[4:7], ("peak frac", "peak_fraction", "9.1%"), ("kdlab MiB", "kdlab_peak_mb", "9.0f"),
+         *common.TABLE[4:7], ("peak frac", "peak_fraction", "9.1%"), ("cpu frac", "peak_fraction_cpu", "8.1%"),
+         ("kdlab MiB", "kdlab_peak_mb", "9.0f"),
          ("TRL MiB", "trl_peak_mb", "8.0f"), *common.TABLE[9:])
 
 
@@ -561,11 +620,14 @@ def print_table(cells: list[dict[str, Any]]) -> None:
         for fw in ("kdlab", "trl"):
             s = c[f"{fw}_split"]
             if s:
-                pf = s["peak_fraction"]
+                pf, pc = s["peak_fraction"], s["peak_fraction_cpu"]
+
+                def frac(phase: str) -> str:
+                    return f"{f(pf.get(phase), '.1%')} / {f(pc.get(phase), '.1%')} cpu"
                 print(f"{c['policy']}/{c['kl']} {fw:5}: step {s['step_s']:.2f} s = rollout {s['rollout_s']:.2f} "
-                      f"({f(pf.get('rollout'), '.1%')}) + teacher {s['teacher_s']:.2f} ({f(pf.get('teacher'), '.1%')}) "
-                      f"+ student f+b {s['student_fb_s']:.2f} ({f(pf.get('student_fb'), '.1%')}) + optimizer "
-                      f"{s['optimizer_s']:.2f} + other {s['other_s']:.2f}")
+                      f"({frac('rollout')}) + teacher {s['teacher_s']:.2f} ({frac('teacher')}) + student f+b "
+                      f"{s['student_fb_s']:.2f} ({frac('student_fb')}) + optimizer {s['optimizer_s']:.2f} + other "
+                      f"{s['other_s']:.2f}")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -575,6 +637,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="one timed step, no warm-up (a smoke run, not a measurement)")
     ap.add_argument("--profile", choices=["none", "kdlab", "trl", "all"], default="kdlab",
                     help="which framework's worker profiles one extra step (default: kdlab)")
+    ap.add_argument("--cells", default=",".join(f"{p}/{k}" for p, k in CELLS),
+                    help="policy/kl cells to run, comma-separated (default: all four)")
+    ap.add_argument("--budget-min", type=float, help="start no worker after this many minutes (a shared machine)")
     ap.add_argument("--threads", type=int, default=THREADS)
     ap.add_argument("--batch", type=int, default=BATCH)
     ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
@@ -585,6 +650,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("warmup", "window", "repeats", "rows"):
         ap.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=float, help=argparse.SUPPRESS)
+    ap.add_argument("--rate-cpu", type=float, help=argparse.SUPPRESS)
     ap.add_argument("--profile-step", action="store_true", help=argparse.SUPPRESS)
     return ap
 
@@ -602,13 +668,21 @@ def main(argv: list[str] | None = None) -> int:
     teacher = args.teacher or student
     out = Path(args.out)
     t0 = time.perf_counter()
-    cells = run_real(student, teacher, QUICK if args.quick else FULL, out, batch=args.batch,
-                     new_tokens=args.new_tokens, threads=args.threads, profile=args.profile)
+    chosen = tuple(tuple(c.split("/")) for c in args.cells.split(","))
+    if any(c not in CELLS for c in chosen):
+        raise SystemExit(f"--cells: each must be one of {', '.join(f'{p}/{k}' for p, k in CELLS)}, got {args.cells!r}")
+    cells = run_real(student, teacher, QUICK if args.quick else FULL, out, cells=chosen, batch=args.batch,
+                     new_tokens=args.new_tokens, threads=args.threads, profile=args.profile,
+                     budget_s=None if args.budget_min is None else 60 * args.budget_min)
+    if not cells:
+        print(f"no cell finished within the time budget; wrote {out}")
+        return 1
     print()
     print_table(cells)
     print(f"\nratio = kdlab / TRL response tokens per wall second (median window); targets: >= 3.0 on-policy, "
           f">= 2.0 off-policy; peak frac = kdlab's student forward+backward FLOP/s over the measured bf16 matmul "
-          f"rate ({cells[0]['machine']['matmul_gflops']:.0f} GFLOP/s; target >= 30%). cpu ratio: per CPU second "
+          f"rate ({cells[0]['machine']['matmul_gflops']:.0f} GFLOP/s; target >= 30%); cpu frac: the same per CPU second "
+          f"({cells[0]['machine']['matmul_gflops_per_cpu_s']:.0f} GFLOP per CPU second). cpu ratio: per CPU second "
           f"(less sensitive to a shared machine). loss diff: |kdlab - TRL| loss on kdlab's first OffPD batch. "
           f"{time.perf_counter() - t0:.0f} s in all. Wrote {out}")
     return 0

@@ -253,12 +253,14 @@ def test_phase_clock_times_kdlab_phases_and_restores_what_it_patched(tiny_real_p
     out = bench.time_kdlab(student, teacher, real.real_task(4), "on", "forward", data, 0, 1, 2, 2, codec=codec,
                            clock=clock)
     assert torch.Tensor.backward is backward and kd.sample is sample
-    split = clock.split(out["step_wall_s"], rate_gflops=1.0)
+    split = clock.split(out["step_wall_s"], rate_gflops=1.0, rate_gflops_per_cpu_s=1.0)
     for phase in ("rollout", "teacher", "student_forward", "backward", "optimizer"):
         assert split[f"{phase}_s"] > 0, phase
     assert split["student_fb_s"] == pytest.approx(split["student_forward_s"] + split["backward_s"])
     assert set(split["peak_fraction"]) == {"rollout", "teacher", "student_fb"}
     assert all(v > 0 for v in split["peak_fraction"].values())
+    assert set(split["peak_fraction_cpu"]) == {"rollout", "teacher", "student_fb"}
+    assert all(v > 0 for v in split["peak_fraction_cpu"].values())
 
 
 @needs_trl
@@ -281,6 +283,14 @@ def test_real_benchmark_one_step_per_cell_on_tiny_checkpoints(tiny_real_pair, tm
             split = c[f"{fw}_split"]
             assert split["student_fb_s"] > 0 and split["optimizer_s"] > 0 and split["step_s"] > 0
             assert (split["rollout_s"] > 0) == (c["policy"] == "on"), (fw, c["policy"])
-        assert c["kdlab_profile"]["ops"] and c["trl_profile"] is None
-        assert c["machine"]["matmul_gflops"] > 0 and c["setup"]["teacher_is_student"] is False
+        assert c["complete"] and c["peak_fraction_cpu"] > 0 and c["trl_profile"] is None
+        first_of_policy = c is next(x for x in cells if x["policy"] == c["policy"])
+        assert bool(c["kdlab_profile"] and c["kdlab_profile"]["ops"]) == first_of_policy
+        assert c["machine"]["matmul_gflops"] > 0 and c["machine"]["matmul_gflops_per_cpu_s"] > 0
+        assert c["setup"]["teacher_is_student"] is False
     assert json.loads((tmp_path / "real_matmul.json").read_text())["shapes"]
+    # a spent time budget stops before the next worker; what ran is kept
+    short = real.run_real(student, teacher, {"warmup": 0, "window": 1, "repeats": 1}, tmp_path / "short.json",
+                          cells=(("off", "forward"),), batch=2, new_tokens=4, threads=1, isolate=False,
+                          profile="none", budget_s=0.0, log=lambda *a: None)
+    assert short == [] and not (tmp_path / "short.json").exists()

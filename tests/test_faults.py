@@ -252,13 +252,14 @@ def test_chaos_sigkill_during_models_grid_and_report_then_rerun_equals_an_uninte
         return ready
 
     kill_when(argv, tmp_path, after(lambda: (study / "teachers" / "00_teachers.ipynb").exists(), rng.uniform(0, 3)),
-              "the model build", limit_s=600)
+              "the model build", limit_s=1800)
     done = rng.randint(1, 2)
-    kill_when(argv, tmp_path, lambda: len(list(study.glob("runs/*/metrics.json"))) >= done, f"run {done}", limit_s=600)
+    kill_when(argv, tmp_path, lambda: len(list(study.glob("runs/*/metrics.json"))) >= done, f"run {done}",
+              limit_s=1800)
     first = sorted(study.glob("runs/*/history.json"))[0]
     first.write_text(first.read_text()[:10])  # truncated: that run is redone
     kill_when(argv, tmp_path, after(lambda: (study / "grid.ipynb").exists(), rng.uniform(0, 3)), "the report",
-              limit_s=600)
+              limit_s=1800)
 
     assert main(argv) == 0  # the same command again
     assert json.loads(first.read_text())  # whole again

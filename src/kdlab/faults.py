@@ -12,8 +12,8 @@ class KdlabError(Exception):
     """A user or environment error; its message says what is wrong and what to do."""
 
 
-class CorruptCheckpoint(KdlabError):
-    """A checkpoint's weights do not hash to the sha256 recorded for them."""
+class CorruptCheckpoint(KdlabError, ValueError):
+    """A checkpoint's weights do not hash to the sha256 recorded for them (a ValueError too)."""
 
 
 def check_writable(path: str | Path, what: str = "outputs root") -> Path:

@@ -1,5 +1,7 @@
 """Faults of the environment and inside runs (issue 19): one line and exit 2 for what stops a
-command, a failed run recorded while the study goes on, whole files for every completed run.
+command (an outputs root that cannot be written, a corrupt cached or shipped model), a failed run
+recorded while the study goes on, whole files for every completed run, one copy of a model two
+studies build at once, and SIGKILL at random moments (the chaos test).
 
 Faults inside the kernels are planted with a ``sitecustomize`` module on the kernels'
 ``PYTHONPATH`` (the runner passes its environment on to them): it wraps ``kdlab.runs`` so that

@@ -489,12 +489,13 @@ def diagnosis(policy: str, split: dict[str, Any]) -> str:
     parts = [("rollout", split["rollout_s"]), ("teacher forward", split["teacher_s"]),
              ("student forward+backward", split["student_fb_s"]), ("optimizer", split["optimizer_s"]),
              ("other (loss, metrics, clipping)", split["other_s"])]
-    frac = split.get("peak_fraction", {})
     text = ", ".join(f"{name} {secs:.2f} s ({secs / step:.0%})" for name, secs in parts)
     big = max(parts, key=lambda x: x[1])[0]
-    fb = frac.get("student_fb")
+    fb, fb_cpu = (split.get(k, {}).get("student_fb") for k in ("peak_fraction", "peak_fraction_cpu"))
     return (f"kdlab {policy}-policy step {step:.2f} s: {text}; largest: {big}; student forward+backward at "
-            f"{'-' if fb is None else f'{fb:.0%}'} of the measured matmul rate")
+            f"{common._fmt(fb, '.0%')} of the measured matmul rate per wall second, {common._fmt(fb_cpu, '.0%')} "
+            f"per CPU second (the wall figure exceeds 100% when the machine got quieter after the matmul "
+            f"measurement)")
 
 
 def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[str, int], out: Path,

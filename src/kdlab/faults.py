@@ -16,6 +16,10 @@ class CorruptCheckpoint(KdlabError, ValueError):
     """A checkpoint's weights do not hash to the sha256 recorded for them (a ValueError too)."""
 
 
+class DownloadFailed(KdlabError, RuntimeError):
+    """A package that kdlab fetches could not be downloaded (a RuntimeError too)."""
+
+
 def check_writable(path: str | Path, what: str = "outputs root") -> Path:
     """``path`` (created later by whoever writes there) can be written: its nearest existing
     folder is a directory that takes a file. Nothing is left behind; ``KdlabError`` if not."""

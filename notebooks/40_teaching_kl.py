@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -43,6 +49,7 @@ import json
 
 import numpy as np
 import pandas as pd
+from kdlab.report_page import title
 import torch
 from IPython.display import Image, display
 
@@ -93,6 +100,7 @@ for s0 in starts:
                      "mean": sc.fits[d].mean, "width": sc.fits[d].width})
 starts_table = pd.DataFrame(rows)
 starts_table.to_csv(OUT / "starts.csv", index=False)
+display(title('Mode seeking by starting point: the mode the fit ends on (index), its mass (probability) and the final KL (nats), per direction'))
 starts_table.pivot(index="start", columns="direction", values=["top_mode", "top_mode_mass", "kl"]).round(3)
 
 # %% [markdown]
@@ -109,6 +117,7 @@ t_mean, t_sd = toy.gaussian_moments(cscene.teacher, cscene.support)
 moments = pd.DataFrame([toy.gaussian_moments(p, cscene.support) for p in
                         (cscene.teacher, cscene.fits["forward"].probs, cscene.fits["reverse"].probs)],
                        columns=["mean", "sd"], index=["teacher", "forward-KL Gaussian", "reverse-KL Gaussian"])
+display(title('Mean and standard deviation (grid units) of the teacher and of the two fitted Gaussians'))
 moments.round(3)
 
 # %% [markdown]

@@ -60,6 +60,7 @@ threads = 0  # torch threads; 0 keeps torch's default (use 1 on a busy shared ma
 import json
 
 import pandas as pd
+from kdlab.report_page import title
 import torch
 from IPython.display import Image, display
 
@@ -127,6 +128,7 @@ fwd_max = float(entries_summary.loc[entries_summary.direction == "forward", "max
 rev_max = float(entries_summary.loc[entries_summary.direction == "reverse", "max_abs_entry"].max())
 print(f"max |forward entry| = {fwd_max:.4f} (bound 1: {'holds' if fwd_max <= 1 else 'VIOLATED'}); "
       f"max |reverse entry| = {rev_max:.4f}")
+display(title('Logit-gradient entries per lambda and KL direction (entries and per-token norms, unitless; forward bounds 1 and sqrt 2)'))
 entries_summary.round(4)
 
 # %% [markdown]
@@ -140,6 +142,7 @@ bound.to_csv(OUT / "bound.csv", index=False)
 show(ga.plot_update_bound(bound), "update_bound")
 cols = ["lam_a", "lam_b", "direction", "tv", "tv_bounded", "mean_w", "ess", "dist_logit", "bound_logit",
         "below_bound", "dist_param", "param_const"]
+display(title('Expected-update distance against TV per ordered pair of lambdas (TV as a probability; distances in logit-gradient units)'))
 bound[cols].round(4)
 
 # %%

@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -25,6 +31,7 @@ level = 0.95  # confidence level of the bands
 # %%
 from IPython.display import Image, display
 import pandas as pd
+from kdlab.report_page import title
 
 from kdlab.analysis import spectrum as sp
 from kdlab.analysis.table import load_results, notebook_out_dir, variant_columns
@@ -71,4 +78,5 @@ table = pd.concat([sp.spectrum_table(df, m, task=t, level=level) for t in tasks 
                    if df.loc[df.task == t, m].notna().any()], ignore_index=True)
 table.to_csv(OUT / "spectrum.csv", index=False)
 print("written:", OUT / "spectrum.csv")
+display(title("Each metric along the lambda spectrum: mean over seeds, in the metric's unit as in results.parquet (rows task x metric x KL x rate, columns lambda)"))
 table.pivot_table(index=["task", "metric", "kl", "lr"], columns="lam", values="mean").round(3)

@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -32,6 +38,7 @@ gradients_csv = ""  # notebook 50's bound.csv; default: <study_dir>/analysis/50_
 import json
 
 import pandas as pd
+from kdlab.report_page import title
 from IPython.display import Image, display
 
 from kdlab.analysis import findings, stats
@@ -77,9 +84,11 @@ if not knobs.empty:
     png = figure_png(fig)
     (OUT / "knob_table.png").write_bytes(png)
     display(Image(data=png))
+display(title('Partial eta squared (0-1) per factor (rows) and metric (columns)'))
 knobs.round(3)
 
 # %%
+display(title('ANOVA per metric: sums of squares (metric units squared), F, p-value, partial eta squared'))
 anova.round(4)
 
 # %% [markdown]
@@ -88,6 +97,7 @@ anova.round(4)
 # %%
 paired = stack([stats.paired_comparisons(grid, m, alpha=alpha) for m in present])
 paired.to_csv(OUT / "paired.csv", index=False)
+display(title('Matched OnPD - OffPD differences per metric (metric units), paired by seed, Holm-adjusted p-values'))
 paired.round(4)
 
 # %% [markdown]
@@ -98,6 +108,7 @@ seedvar = stats.seed_variance(df, present)
 seedvar.to_csv(OUT / "seed_variance.csv", index=False)
 config = [c for c in stats.CONFIG_COLUMNS if c in seedvar.columns and seedvar[c].notna().any()]
 shown = seedvar.assign(**{c: seedvar[c].astype(object).where(seedvar[c].notna(), "-") for c in config})
+display(title('Seed standard deviation per configuration and metric (metric units)'))
 (shown.pivot_table(index=config, columns="metric", values="sd").round(4) if len(shown)
  else "no main-grid metric to compare")
 
@@ -113,6 +124,7 @@ for m in present:
         print(f"{m}: {res['formula']} | {res['reason']} | converged {res['converged']} | "
               f"task variance {res['group_var']:.4g}" + (f" | warnings: {res['warnings']}" if res["warnings"] else ""))
         res["table"].assign(metric=m).to_csv(OUT / f"mixed_{m}.csv", index=False)
+        display(title('Mixed model coefficients (metric units)'))
         display(res["table"].round(4))
     else:
         print(f"{m}: mixed model {res['status']}: {res['reason']}")
@@ -133,4 +145,5 @@ board = findings.scoreboard(findings_table(study_dir, df), grad_table)  # + RLVR
 board.to_csv(OUT / "scoreboard.csv", index=False)
 (OUT / "scoreboard.json").write_text(json.dumps(board.to_dict(orient="records"), indent=2))
 print(board["verdict"].value_counts().to_string())
+display(title('Findings scoreboard: verdict, statistic (unit on each row), 95% interval'))
 board

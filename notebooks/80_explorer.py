@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -27,6 +33,7 @@ from IPython.display import Image, display
 from kdlab.analysis.explore import explorer_data, explorer_plot
 from kdlab.analysis.table import load_results, notebook_out_dir
 from kdlab.analysis.explore import figure_png
+from kdlab.report_page import title
 
 OUT = notebook_out_dir(study_dir, "80_explorer", out_dir)
 df = load_results(study_dir)
@@ -38,6 +45,7 @@ data.to_csv(OUT / "explorer_data.csv", index=False)
 png = figure_png(explorer_plot(df, metric, x, hue, filters))
 (OUT / "explorer.png").write_bytes(png)
 display(Image(data=png))
+display(title(f"Explorer data: {metric} (its unit in results.parquet) by {x} and {hue}"))
 data.round(4)
 
 # %%

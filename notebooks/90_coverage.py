@@ -1,5 +1,11 @@
 # ---
 # jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -30,6 +36,7 @@ from IPython.display import Image, Markdown, display
 from kdlab.analysis import coverage as cov
 from kdlab.analysis.explore import figure_png
 from kdlab.analysis.table import load_results, notebook_out_dir
+from kdlab.report_page import title
 
 OUT = notebook_out_dir(study_dir, "90_coverage", out_dir)
 df = load_results(study_dir)
@@ -62,6 +69,7 @@ if curves:
 
     table = pd.concat(curves, ignore_index=True)
     table.to_csv(OUT / "pass_curves.csv", index=False)
+    display(title("pass@k (fraction of problems, 0-1): mean over seeds per configuration (rows) and k (columns)"))
     display(table.pivot_table(index=["task", "target", "kl", "lr", "lam"], columns="k", values="mean").round(3))
 else:
     display(Markdown("No pass@k curves: this study records fewer than two k (set `eval.pass_ks`)."))
@@ -77,6 +85,7 @@ else:
 gaps = cov.equal_pass1_table(df, k=k, lam_above=lam_above) if k > 1 else []
 if len(gaps):
     gaps.to_csv(OUT / "equal_pass1.csv", index=False)
+    display(title("Forward - reverse KL pass@k at equal pass@1 (fractions, 0-1), with standard error, 95% CI and p-value"))
     display(gaps.round(3))
     for prefix in targets:
         if {1, k} <= set(cov.pass_ks(df, prefix)):

@@ -15,6 +15,7 @@ own browser download is not used); the test is skipped, saying which is missing,
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -130,55 +131,64 @@ KERNEL_IDLE = """() => {
 }"""
 
 
-@pytest.mark.slow
-def test_teaching_notebook_in_jupyterlab_slider_changes_figure(jupyterlab):
+IMAGE_CHANGED = "([sel, before]) => { const i = document.querySelector(sel); return i && i.src !== before; }"
+
+
+@contextlib.contextmanager
+def _live_notebook(notebook: str):
+    """A Chromium page on JupyterLab with ``notebook`` open and every cell run; yields
+    (page, image, readout) once the live widget's figure and readout are shown."""
     from playwright.sync_api import sync_playwright
 
-    base, token, folder = jupyterlab
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1500, "height": 1100})
             page.set_default_timeout(120_000)  # JupyterLab's first load is slow on a loaded 2-core machine
-            page.goto(f"{base}/lab/tree/{NOTEBOOK}?token={token}")
+            page.goto(notebook)
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
-
             image = page.locator("img.widget-image").first
             readout = page.locator(".jupyter-widgets .kdlab-readout").first  # the live widget's, not a static copy
             image.wait_for(timeout=240_000)
             readout.wait_for(timeout=60_000)
             page.wait_for_function(KERNEL_IDLE, timeout=120_000)
             assert page.locator(".kdlab-static-widget").count() == 0  # JupyterLab shows the live widget
-            src_before, text_before = image.get_attribute("src"), readout.text_content()
-            assert src_before and src_before.startswith("blob:")
-            assert "reverse KL student" in text_before
-
-            slider = page.locator(".widget-slider", has=page.locator(".widget-label", has_text="mode 1 position"))
-            handle = slider.locator(".noUi-handle").first
-            handle.scroll_into_view_if_needed()
-            box = handle.bounding_box()
-            assert box is not None
-            x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-            page.mouse.move(x, y)
-            page.mouse.down()
-            page.mouse.move(x - 12, y, steps=6)  # drag mode 1 a few tokens to the left
-            page.mouse.up()
-            new_value = slider.locator(".widget-readout").inner_text()
-            assert float(new_value) < 5.0, f"the slider did not move (readout {new_value})"
-
-            page.wait_for_function(
-                "([sel, before]) => { const i = document.querySelector(sel); return i && i.src !== before; }",
-                arg=["img.widget-image", src_before], timeout=120_000)
-            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            src_after, text_after = image.get_attribute("src"), readout.text_content()
-            image.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "40_teaching_kl_browser.png"))
-            assert src_after != src_before
-            assert text_after != text_before, "the figure changed but the readout did not"
+            yield page, image, readout
         finally:
             browser.close()
+
+
+@pytest.mark.slow
+def test_teaching_notebook_in_jupyterlab_slider_changes_figure(jupyterlab):
+    base, token, folder = jupyterlab
+    with _live_notebook(f"{base}/lab/tree/{NOTEBOOK}?token={token}") as (page, image, readout):
+        src_before, text_before = image.get_attribute("src"), readout.text_content()
+        assert src_before and src_before.startswith("blob:")
+        assert "reverse KL student" in text_before
+
+        slider = page.locator(".widget-slider", has=page.locator(".widget-label", has_text="mode 1 position"))
+        handle = slider.locator(".noUi-handle").first
+        handle.scroll_into_view_if_needed()
+        box = handle.bounding_box()
+        assert box is not None
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        page.mouse.move(x, y)
+        page.mouse.down()
+        page.mouse.move(x - 12, y, steps=6)  # drag mode 1 a few tokens to the left
+        page.mouse.up()
+        new_value = slider.locator(".widget-readout").inner_text()
+        assert float(new_value) < 5.0, f"the slider did not move (readout {new_value})"
+
+        page.wait_for_function(
+            IMAGE_CHANGED, arg=["img.widget-image", src_before], timeout=120_000)
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        src_after, text_after = image.get_attribute("src"), readout.text_content()
+        image.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "40_teaching_kl_browser.png"))
+        assert src_after != src_before
+        assert text_after != text_before, "the figure changed but the readout did not"
     # The notebook ran to the end inside the browser session: its outputs were written.
     assert (folder / "study" / "analysis" / "40_teaching_kl" / "teaching_kl.json").exists()
     shutil.copy(folder / "study" / "analysis" / "40_teaching_kl" / "bimodal_tokens.png",
@@ -187,43 +197,23 @@ def test_teaching_notebook_in_jupyterlab_slider_changes_figure(jupyterlab):
 
 @pytest.mark.slow
 def test_explorer_notebook_in_jupyterlab_metric_choice_changes_figure(jupyterlab):
-    from playwright.sync_api import sync_playwright
-
     base, token, folder = jupyterlab
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1500, "height": 1100})
-            page.set_default_timeout(120_000)  # JupyterLab's first load is slow on a loaded 2-core machine
-            page.goto(f"{base}/lab/tree/{EXPLORER}?token={token}")
-            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    with _live_notebook(f"{base}/lab/tree/{EXPLORER}?token={token}") as (page, image, summary):
+        src_before, text_before = image.get_attribute("src"), summary.text_content()
+        assert src_before and src_before.startswith("blob:")
+        assert text_before.startswith("accuracy:")
 
-            image = page.locator("img.widget-image").first
-            summary = page.locator(".jupyter-widgets .kdlab-readout").first
-            image.wait_for(timeout=240_000)
-            summary.wait_for(timeout=60_000)
-            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            assert page.locator(".kdlab-static-widget").count() == 0  # JupyterLab shows the live widget
-            src_before, text_before = image.get_attribute("src"), summary.text_content()
-            assert src_before and src_before.startswith("blob:")
-            assert text_before.startswith("accuracy:")
-
-            metric = page.locator(".widget-dropdown", has=page.locator("label", has_text="metric")).locator("select")
-            metric.scroll_into_view_if_needed()
-            metric.select_option("sparsity")
-            page.wait_for_function(
-                "([sel, before]) => { const i = document.querySelector(sel); return i && i.src !== before; }",
-                arg=["img.widget-image", src_before], timeout=120_000)
-            page.wait_for_function(KERNEL_IDLE, timeout=120_000)
-            src_after, text_after = image.get_attribute("src"), summary.text_content()
-            image.scroll_into_view_if_needed()
-            page.screenshot(path=str(ARTIFACTS / "80_explorer_browser.png"))
-            assert src_after != src_before
-            assert text_after.startswith("sparsity:"), text_after
-        finally:
-            browser.close()
+        metric = page.locator(".widget-dropdown", has=page.locator("label", has_text="metric")).locator("select")
+        metric.scroll_into_view_if_needed()
+        metric.select_option("sparsity")
+        page.wait_for_function(
+            IMAGE_CHANGED, arg=["img.widget-image", src_before], timeout=120_000)
+        page.wait_for_function(KERNEL_IDLE, timeout=120_000)
+        src_after, text_after = image.get_attribute("src"), summary.text_content()
+        image.scroll_into_view_if_needed()
+        page.screenshot(path=str(ARTIFACTS / "80_explorer_browser.png"))
+        assert src_after != src_before
+        assert text_after.startswith("sparsity:"), text_after
     assert (folder / "synthetic" / "analysis" / "80_explorer" / "explorer.png").exists()  # it ran to the end
 
 

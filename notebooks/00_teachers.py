@@ -57,7 +57,7 @@ else:
 # %%
 paths = study_model_paths(profile, Path(outputs).resolve() / "models", progress=False)
 style_path = paths.pop("style-teacher", None)
-rows = model_table(profile, paths)
+rows = model_table(profile, paths, cache_root=Path(outputs).resolve() / "cache")
 if style_path is not None:
     rows.append(style_teacher_row(profile, style_path))
 write_json_atomic(study_dir / "models.json", rows)

@@ -142,3 +142,34 @@ def test_student_extra_tasks_enter_the_student_mixture_and_key_only(repo_root):
     assert skey(over) != skey(base) and tkey(over) == tkey(base)
     # an empty list leaves the key as it was before the field existed (shipped hashes stay valid)
     assert "extra_tasks" not in skey(base)["pretrain"]
+
+
+def test_model_table_evaluates_a_model_once_per_weights_and_eval_settings(tmp_path, repo_root, monkeypatch):
+    """`kdlab teachers` and the study's models notebook share the models table's evaluations
+    (minutes per real model): a second call with the same weights and eval settings reads the
+    cache; other eval settings or other weights evaluate again."""
+    from kdlab import teachers
+    from kdlab.config import load_profile
+
+    calls = []
+
+    def fake_rows(profile, role, path, n_test, label):
+        calls.append((role, n_test))
+        return [{"model": label, "task": role, "accuracy": 0.5, "path": str(path)}]
+
+    monkeypatch.setattr(teachers, "_model_rows", fake_rows)
+    ckpt = ModelStore(tmp_path / "models", shipped_dir=None).get_or_train(
+        "teacher-x", {"k": 1}, SPEC, PRE, mixture(), progress=False)
+    profile = load_profile(repo_root / "params" / "tiny.yaml")
+    cache = tmp_path / "cache"
+    first = teachers.model_table(profile, {"x": ckpt}, cache_root=cache)
+    again = teachers.model_table(profile, {"x": ckpt}, cache_root=cache)
+    assert first == again and calls == [("x", profile.eval.n_test)]
+    teachers.model_table(profile, {"x": ckpt}, n_test=3, cache_root=cache)  # other eval settings
+    assert calls[-1] == ("x", 3)
+    other = ModelStore(tmp_path / "models", shipped_dir=None).get_or_train(
+        "teacher-x", {"k": 2}, SPEC, PRE, [(t, 1.0) for t in probe_tasks()[:3]], progress=False)
+    teachers.model_table(profile, {"x": other}, cache_root=cache)  # other weights
+    assert len(calls) == 3
+    teachers.model_table(profile, {"x": ckpt}, cache_root=None)  # no cache: always evaluates
+    assert len(calls) == 4

@@ -72,11 +72,12 @@ def cmd_teachers(args) -> int:
             print(f"{role}: {path.name} sha256 {sha[:16]}... {verdict}")
     else:
         paths = model_paths(profile, _outputs_root(args) / "models")
-    rows = model_table(profile, paths)
+    rows = model_table(profile, paths, cache_root=_outputs_root(args) / "cache")
     if args.capacity:
         from .teachers import capacity_paths
         cap = capacity_paths(profile, _outputs_root(args) / "models")
-        rows += model_table(profile, cap, label="capacity check (student preset, teacher recipe)")
+        rows += model_table(profile, cap, label="capacity check (student preset, teacher recipe)",
+                            cache_root=_outputs_root(args) / "cache")
     out = _outputs_root(args) / profile.name
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "models.json", rows)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .atomic import locked, write_atomic, write_dir_atomic
+from .atomic import locked, write_atomic, write_dir_atomic, write_json_atomic
 from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
 from .models import SHIPPED_DIR, build_model, checkpoint_meta, n_params, save_checkpoint, verify_weights
@@ -233,32 +233,55 @@ def capacity_paths(profile: Profile, root: str | Path, progress: bool = True) ->
 
 
 def model_table(profile: Profile, paths: dict[str, Path], n_test: int | None = None,
-                label: str = "teacher") -> list[dict[str, Any]]:
+                label: str = "teacher", cache_root: Path | None = None) -> list[dict[str, Any]]:
     """Rows: model, task, held-out accuracy (greedy pass@1, test split), mean score on the
     forgetting set (``probe-<name>`` each: the toy probes, or a real profile's benchmark files).
-    ``paths`` as ``kdlab.materials.model_paths`` returns; every role but "student" is ``label``."""
+    ``paths`` as ``kdlab.materials.model_paths`` returns; every role but "student" is ``label``.
+
+    With ``cache_root``, each model's rows are kept in ``cache_root/model_table/`` under the hash
+    of the model's identity (its weights' sha256) and of everything the evaluation reads (eval
+    settings, tasks, forgetting set, trace, data seed, label): ``kdlab teachers`` and the study's
+    models notebook then evaluate a model once, not once each (minutes per model on a real one)."""
     from . import materials
 
     n_test = n_test or profile.eval.n_test
-    sets = materials.forgetting_sets(profile)
     real = materials.is_real(profile)
     rows = []
     for role, path in paths.items():
-        model, codec = materials.load_model(profile, path, "bf16" if real else "fp32")
-        probe_scores = {f"probe-{name}": accuracy(model, t, problems, codec=codec) for name, t, problems in sets}
-        if role != "student":
-            tasks = [role]
-        else:
-            tasks = [t.name for t in profile.pretrained.tasks] if real else student_tasks(profile)
-        if real:  # the harder variants too (toy: the runs record them)
-            tasks += [h for h in profile.eval.harder if h not in tasks]
-        for t in tasks:
-            task, test = materials.test_set(profile, t, n_test)
-            acc = accuracy(model, task, test, codec=codec)
-            rows.append({"model": "student base" if role == "student" else label, "task": t,
-                         "accuracy": acc,
-                         "probe_mean": sum(probe_scores.values()) / len(probe_scores) if probe_scores else float("nan"),
-                         **probe_scores, "n_params": n_params(model), "path": str(path),
-                         "train_s": checkpoint_meta(path).get("train_s")})
-        del model
+        key = _digest([materials.model_id(path), role, label, n_test, asdict(profile.eval), profile.trace,
+                       profile.data_seed, asdict(profile.pretrained) if real else student_tasks(profile)])
+        cached = cache_root / "model_table" / f"{Path(path).name}-{key}.json" if cache_root is not None else None
+        if cached is not None and cached.exists():
+            rows += [{**r, "path": str(path)} for r in json.loads(cached.read_text())]
+            continue
+        rows += (new := _model_rows(profile, role, Path(path), n_test, label))
+        if cached is not None:
+            write_json_atomic(cached, new)
+    return rows
+
+
+def _model_rows(profile: Profile, role: str, path: Path, n_test: int, label: str) -> list[dict[str, Any]]:
+    """``model_table``'s rows of one model, evaluated."""
+    from . import materials
+
+    sets = materials.forgetting_sets(profile)
+    real = materials.is_real(profile)
+    rows = []
+    model, codec = materials.load_model(profile, path, "bf16" if real else "fp32")
+    probe_scores = {f"probe-{name}": accuracy(model, t, problems, codec=codec) for name, t, problems in sets}
+    if role != "student":
+        tasks = [role]
+    else:
+        tasks = [t.name for t in profile.pretrained.tasks] if real else student_tasks(profile)
+    if real:  # the harder variants too (toy: the runs record them)
+        tasks += [h for h in profile.eval.harder if h not in tasks]
+    for t in tasks:
+        task, test = materials.test_set(profile, t, n_test)
+        acc = accuracy(model, task, test, codec=codec)
+        rows.append({"model": "student base" if role == "student" else label, "task": t,
+                     "accuracy": acc,
+                     "probe_mean": sum(probe_scores.values()) / len(probe_scores) if probe_scores else float("nan"),
+                     **probe_scores, "n_params": n_params(model), "path": str(path),
+                     "train_s": checkpoint_meta(path).get("train_s")})
+    del model
     return rows

@@ -43,6 +43,25 @@ def test_left_padding_does_not_change_logits(models):
         assert torch.allclose(batched[i, :n], alone[0, :n], atol=1e-4)
 
 
+def test_response_logits_equal_the_full_forward_at_the_response_positions(models):
+    """``response_logits`` asks the model for the last R positions' logits only
+    (``logits_to_keep``); the reference is a plain full forward of prompt + response, read at the
+    positions that predict each response token, for both families."""
+    resp = [[10, 11, 12, 13], [14, 15]]
+    prompts = [prompt_ids("a1+2:"), prompt_ids("c12 34 56>78:")]
+    p, pm = pad_left(prompts)
+    r, rm = pad_right(resp)
+    for model in models:
+        got = response_logits(model, p, pm, r, rm)  # (B, R, V)
+        assert got.shape == (2, 4, model.config.vocab_size)
+        for i, (prompt, row) in enumerate(zip(prompts, resp)):
+            ids = torch.tensor([prompt + row])
+            with torch.no_grad():
+                full = model(input_ids=ids).logits[0]  # (P + n, V)
+            ref = full[len(prompt) - 1: len(prompt) - 1 + len(row)]
+            assert torch.allclose(got[i, :len(row)], ref, atol=1e-4)
+
+
 def test_mask_covers_up_to_first_eos_and_entropy_is_zero_after(models):
     student, _ = models
     gen = torch.Generator().manual_seed(0)

@@ -6,9 +6,23 @@ left padding, so a row's logits do not depend on how much padding it got.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from .tokenizer import PAD_ID
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_keeps_logits(forward_cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(forward_cls.forward).parameters
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """True when ``model``'s forward can compute the logits of its last positions only
+    (Hugging Face causal LMs: ``logits_to_keep``)."""
+    return _forward_keeps_logits(type(model))
 
 
 def pad_left(seqs: list[list[int]], pad_id: int = PAD_ID) -> tuple[torch.Tensor, torch.Tensor]:
@@ -58,7 +72,10 @@ def response_logits(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: t
     # Keep padding inside the response attendable-but-irrelevant: masked positions never feed a
     # kept position because padding only follows a row's last real token.
     mask = torch.cat([prompt_mask, torch.ones_like(response_mask[:, :-1])], dim=1)
-    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=False)
-    width = prompt.shape[1]
-    logits = out.logits[:, width - 1: width - 1 + response.shape[1]]  # (B, R, V)
+    R = response.shape[1]
+    # Only the last R positions' logits are needed: the LM head (a fifth of a 135M model's weights
+    # at V = 49,152) and its (B, L, V) output then skip the prompt positions.
+    keep = {"logits_to_keep": R} if _keeps_logits(model) else {}
+    out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=False, **keep)
+    logits = out.logits[:, -R:]  # (B, R, V): positions P-1 .. P+R-2
     return logits if vocab_size is None or vocab_size >= logits.shape[-1] else logits[..., :vocab_size]

@@ -154,3 +154,55 @@ def test_runs_record_the_training_details():
                  "student_loss_temperature": 1.0, "lr_schedule": "constant", "warmup": 10, "prompts_per_step": 32,
                  "optimizer": "adamw-fused", "sampled_estimator": "sf"}
     assert training_details(RunConfig(), "adamw")["sampled_estimator"] is None
+
+
+def test_fp32_arithmetic_on_bf16_parameters_is_one_rounded_adamw_step(setup):
+    """compute_dtype fp32 with bf16 parameters (the CPU default, "auto"): one step equals, to the
+    bit, an independent reference: forward and backward of an fp32 copy of the bf16 weights (the
+    teacher in fp32 too), the gradients rounded to bf16, clipped, then AdamW on the bf16 weights
+    themselves (no master copy). The parameters and the optimizer state stay bf16."""
+    import copy
+
+    from kdlab.batching import pad_left, pad_right, response_logits
+    from kdlab.codec import CHAR
+    from kdlab.distill import _fast_cpu_attention, compute_dtype_of
+    from kdlab.kl import kl_loss
+
+    task, _, teacher, (problems, responses) = setup
+    one = ([problems[0]], [responses[0]])  # a one-item OffPD pool: the batch is known
+    cfg = RunConfig(steps=1, batch_size=4, policy="off", kl="reverse", lr=1e-2, grad_clip=0.5)
+    assert cfg.compute_dtype == "auto" and compute_dtype_of(cfg, torch.device("cpu")) == torch.float32
+    student = build_model("llama", "nano", seed=0).to(torch.bfloat16)
+    ref = copy.deepcopy(student)
+    distill(student, teacher, task, cfg, offpd=one, progress=False)
+
+    work, t32 = copy.deepcopy(ref).float().train(), copy.deepcopy(teacher).float()
+    sp, spm = pad_left([CHAR.prompt(problems[0].prompt)] * 4)
+    r, rm = pad_right([responses[0]] * 4)
+    with _fast_cpu_attention(work, t32):  # the loop's attention implementation on CPU
+        with torch.no_grad():
+            t_logits = response_logits(t32, sp, spm, r, rm, CHAR.vocab_size)
+        loss = kl_loss(response_logits(work, sp, spm, r, rm, CHAR.vocab_size), t_logits, "reverse", rm)
+        loss.backward()
+    for p, w in zip(ref.parameters(), work.parameters()):
+        p.grad = w.grad.to(torch.bfloat16)
+    torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 0.5)
+    opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    opt.step()
+    assert all(p.dtype == torch.bfloat16 for p in student.parameters())
+    moved = sum(not torch.equal(p, q) for p, q in zip(student.parameters(), build_model("llama", "nano", seed=0)
+                                                      .to(torch.bfloat16).parameters()))
+    assert moved > 0
+    for (name, p), q in zip(student.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), name
+
+
+def test_bf16_and_fp32_arithmetic_agree_to_bf16_precision(setup):
+    """The same run with bf16 and with fp32 arithmetic: the first step's loss (same batch, same
+    weights) agrees to bf16 precision, and both train."""
+    a = run(setup, policy="off", kl="forward", lr=1e-3, compute_dtype="bf16")[2].history
+    b = run(setup, policy="off", kl="forward", lr=1e-3, compute_dtype="fp32")[2].history
+    assert math.isclose(a[0]["loss"], b[0]["loss"], rel_tol=2e-2)
+    assert a[0]["loss"] != b[0]["loss"]  # the arithmetic did differ
+    with pytest.raises(ValueError, match="compute_dtype"):
+        RunConfig(compute_dtype="fp16")

@@ -103,6 +103,9 @@ class DistillSpec:
                            "implementation (recorded per run as 'optimizer'); the paper: fused")
     grad_clip: float | None = _f(1.0, lo=0.0, doc="max grad norm; null disables clipping")
     dtype: str = _f("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
+    compute_dtype: str = _f("auto", choices=("auto",) + DTYPES, doc="arithmetic of the student's rollouts, "
+                            "forward and backward; the parameters, their updates and the optimizer stay in dtype. "
+                            "auto: fp32 on a CPU (bf16 matmuls without AMX are slower there), dtype elsewhere")
     jsd_beta: float = _f(0.5, lo=0.0, hi=1.0)
     sampled_direction: str = _f("reverse", choices=("forward", "reverse"),
                                 doc="the KL a sampled estimator (k1/k2/k3/sf) targets")

@@ -52,6 +52,7 @@ class RunConfig:
     temperature: float = 1.0
     grad_clip: float | None = 1.0
     dtype: str = "bf16"
+    compute_dtype: str = "auto"  # the student's arithmetic (compute_dtype_of); parameters stay in dtype
     jsd_beta: float = 0.5
     sampled_direction: str = "reverse"
     logratio_clip: float | None = 5.0
@@ -88,6 +89,8 @@ class RunConfig:
             raise ValueError(f"kl must be one of {', '.join(LOSS_KINDS)}; got {self.kl!r}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.compute_dtype != "auto" and self.compute_dtype not in DTYPES:
+            raise ValueError(f"compute_dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.compute_dtype!r}")
         if not (self.lr > 0):
             raise ValueError(f"lr must be > 0, got {self.lr!r}")
         for name in ("teacher_temperature", "student_temperature"):
@@ -128,6 +131,55 @@ def make_adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float,
         except (RuntimeError, ValueError, TypeError):
             pass
     return torch.optim.AdamW(params, **kw), "adamw"
+
+
+def compute_dtype_of(cfg: RunConfig, device: torch.device) -> torch.dtype:
+    """The student's arithmetic dtype: ``cfg.compute_dtype``, or for "auto" fp32 on a CPU (small
+    bf16 matmuls are slower there than fp32 ones without AMX; measured in docs/calibration.md 17)
+    and ``cfg.dtype`` elsewhere."""
+    if cfg.compute_dtype != "auto":
+        return DTYPES[cfg.compute_dtype]
+    return torch.float32 if device.type == "cpu" else DTYPES[cfg.dtype]
+
+
+class _Arithmetic:
+    """The student's parameters in ``cfg.dtype``, its arithmetic in another dtype.
+
+    ``model`` is the module that samples and runs forward and backward: the student itself, or a
+    copy in the compute dtype that ``pull`` reloads from the parameters before each step; ``push``
+    rounds the copy's gradients into the parameters' ``.grad``. Clipping, the optimizer and the
+    update stay on the parameters in ``cfg.dtype``: with bf16 there is still no fp32 master copy
+    (an update below half a bf16 step is lost); only the forward and backward run in the wider
+    type. One process only (a sharded student computes in its own dtype)."""
+
+    def __init__(self, student: torch.nn.Module, dtype: torch.dtype, world: int):
+        import copy
+
+        self.student = student
+        same = next(student.parameters()).dtype == dtype or world > 1
+        self.model = student if same else copy.deepcopy(student).to(dtype)
+        self.pairs = [] if same else list(zip(self.model.parameters(), student.parameters()))
+
+    def pull(self) -> None:
+        with torch.no_grad():
+            for w, p in self.pairs:
+                w.copy_(p)
+
+    def push(self) -> None:
+        for w, p in self.pairs:
+            p.grad = None if w.grad is None else w.grad.to(p.dtype)
+            w.grad = None
+
+
+def _in_dtype(teacher: torch.nn.Module, dtype: torch.dtype, world: int) -> torch.nn.Module:
+    """The frozen teacher computing in the student's arithmetic dtype: a copy cast to it when a
+    lower-precision teacher (bf16 weights: exact in fp32) would otherwise set the pace."""
+    import copy
+
+    first = next(teacher.parameters())
+    if world > 1 or first.dtype == dtype or first.element_size() >= torch.empty((), dtype=dtype).element_size():
+        return teacher
+    return copy.deepcopy(teacher).to(dtype)
 
 
 def lr_at(step: int, lr: float, warmup: int) -> float:
@@ -340,6 +392,9 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     if next(student.parameters()).dtype != DTYPES[cfg.dtype]:
         student.to(DTYPES[cfg.dtype])
     device = next(student.parameters()).device
+    arith = _Arithmetic(student, compute_dtype_of(cfg, device), world)
+    work = arith.model  # samples, forward, backward
+    teacher = _in_dtype(teacher, next(work.parameters()).dtype, world)
     teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)
@@ -365,10 +420,11 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     history: list[dict[str, Any]] = []
     collapsed, collapse_step = False, None
     bar = tqdm(range(cfg.steps), desc=desc or cfg.run_id, disable=not progress or rank > 0, leave=False)
-    with _fast_cpu_attention(student, teacher):
+    with _fast_cpu_attention(work, teacher):
         for step in bar:
             t0, c0 = time.perf_counter(), time.process_time()
             extra: dict[str, Any] = {}
+            arith.pull()
             if cfg.policy == "off":
                 idx = [rng.randrange(len(offpd[0])) for _ in range(cfg.batch_size)][lo:hi]
                 problems = [offpd[0][i] for i in idx]
@@ -379,8 +435,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             s_prompts = [codec.prompt(p.prompt) for p in problems]
             t_prompts = [codec.prompt(tp(p), teacher_system) for p in problems] if separate_teacher_prompt else s_prompts
             if cfg.policy != "off":
-                student.eval()
-                ro = sample(student, s_prompts, max_new, lam=cfg.lam, teacher=teacher, teacher_prompts=t_prompts,
+                work.eval()
+                ro = sample(work, s_prompts, max_new, lam=cfg.lam, teacher=teacher, teacher_prompts=t_prompts,
                             temperature=temp_s, teacher_temperature=temp_t, logratio_clip=cfg.logratio_clip,
                             plausibility_alpha=cfg.plausibility_alpha, generator=gen, codec=codec,
                             stop_early=world == 1)
@@ -403,11 +459,12 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 for g in opt.param_groups:
                     g["lr"] = lr_at(step, cfg.lr, cfg.warmup)
             opt.zero_grad(set_to_none=True)
-            if not student.training:
-                student.train()
+            if not work.training:
+                work.train()
             (n_total,) = _sum_over_ranks([float(rm.sum())], device)
             n_total = max(n_total, 1.0)
-            _, sums = _step(student, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
+            _, sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
+            arith.push()
             loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
             loss_val = loss_sum / n_total
             if not math.isfinite(loss_val):
@@ -437,5 +494,6 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             bar.set_postfix(loss=f"{loss_val:.3f}")
     opt.zero_grad(set_to_none=True)
     student.eval()
+    del work, arith
     return RunResult(history=history, collapsed=collapsed, collapse_step=collapse_step,
                      wall_s=time.perf_counter() - t_start, phase_s=phase, optimizer=opt_name)

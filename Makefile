@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PARAMS ?= params/quick.yaml
 WORKERS ?= 2
 
-.PHONY: study teachers test bench bench-real smol env env-dev env-real clean-outputs
+.PHONY: study teachers test bench bench-real bench-study smol env env-dev env-real clean-outputs
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,14 @@ BENCH_REAL_ARGS ?=
 bench-real: env
 	$(PY) -m pip install --quiet -e ".[bench,real]"
 	$(PY) benchmarks/bench_real.py $(BENCH_REAL_ARGS)
+
+# The toy study's throughput, a baseline git ref against this working tree, one after the other on
+# the same profile: make bench-study BASELINE=38a876f BENCH_STUDY_ARGS='--set "grid.seeds=[0]"'
+# -> outputs/bench/study.json
+BASELINE ?= 38a876f
+BENCH_STUDY_ARGS ?=
+bench-study: env
+	$(PY) benchmarks/bench_study.py --baseline $(BASELINE) $(BENCH_STUDY_ARGS)
 
 clean-outputs:
 	rm -rf outputs/*/ && touch outputs/.gitkeep

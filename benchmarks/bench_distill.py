@@ -254,13 +254,14 @@ def run_kdlab(policy: str, kl: str, data: dict, warmup: int, window: int, repeat
 
 def time_kdlab(student: torch.nn.Module, teacher: torch.nn.Module, task: Any, policy: str, kl: str, data: dict,
                warmup: int, window: int, repeats: int, batch: int, lr: float = LR, codec: Any = None,
-               clock: Any = None) -> dict[str, Any]:
+               clock: Any = None, compute_dtype: str = "auto") -> dict[str, Any]:
     """Time ``kdlab.distill.distill`` on one cell: a warm-up run, then the measured run, as the
     study calls it (``codec``: a real model's ``HFCodec``, default kdlab's char tokenizer).
 
     Returns throughput (tokens and steps per second, wall and CPU), peak memory of the measured
     run (MiB), its per-step losses and, for OffPD, the share of rows served from the teacher cache.
     ``clock``: a context manager entered around the measured run only (phase timers).
+    ``compute_dtype``: the run's arithmetic (``distill.compute_dtype``; auto = what a study does).
     """
     from kdlab.codec import CHAR
 
@@ -270,7 +271,8 @@ def time_kdlab(student: torch.nn.Module, teacher: torch.nn.Module, task: Any, po
 
     def cfg(steps: int) -> RunConfig:
         return RunConfig(task=task.name, policy=policy, kl=kl, lr=lr, seed=0, steps=steps, batch_size=batch,
-                         temperature=1.0, grad_clip=1.0, dtype="bf16", offpd_pool=len(data["responses"]))
+                         temperature=1.0, grad_clip=1.0, dtype="bf16", compute_dtype=compute_dtype,
+                         offpd_pool=len(data["responses"]))
 
     def run(steps: int):
         return distill(student, teacher, task, cfg(steps), offpd=offpd, pool=pool, progress=False, codec=codec,

@@ -111,6 +111,7 @@ QUICK = dict(warmup=0, window=1, repeats=1)
 TARGETS = {"off": 2.0, "on": 3.0}
 PEAK_TARGET = 0.30
 LOSS_TOL = common.LOSS_TOL
+ARITHMETIC = {"bf16": torch.bfloat16, "fp32": torch.float32}  # matmul-rate dtypes
 SMOL_POOL, SMOL_DRAWS = 128, 24 * 8  # params/smol.yaml: offpd_pool, steps x batch_size
 PHASES = ("rollout", "teacher", "student_forward", "backward", "optimizer")
 
@@ -403,7 +404,7 @@ def profiled(run_one_step: Callable[[], Any]) -> dict[str, Any]:
 
 def worker(fw: str, policy: str, kl: str, data_path: str, student_dir: str, teacher_dir: str, warmup: int,
            window: int, repeats: int, batch: int, rate_gflops: float | None, profile: bool,
-           rate_gflops_per_cpu_s: float | None = None) -> dict[str, Any]:
+           rate_gflops_per_cpu_s: float | None = None, compute_dtype: str = "auto") -> dict[str, Any]:
     """One framework on one cell: timings, split, peak RSS and (``profile``) one profiled step."""
     data = pickle.loads(Path(data_path).read_bytes())
     student, teacher, codec = load_models(student_dir, teacher_dir)
@@ -412,7 +413,7 @@ def worker(fw: str, policy: str, kl: str, data_path: str, student_dir: str, teac
     if fw == "kdlab":
         def run(w: int, win: int, reps: int, clk: Any = None) -> dict[str, Any]:
             return common.time_kdlab(student, teacher, task, policy, kl, data, w, win, reps, batch, lr=LR,
-                                     codec=codec, clock=clk)
+                                     codec=codec, clock=clk, compute_dtype=compute_dtype)
     else:
         def run(w: int, win: int, reps: int, clk: Any = None) -> dict[str, Any]:
             rows = common.trl_rows(data, codec.prompt, batch * max(win * reps, w))
@@ -435,9 +436,10 @@ def _call(args: list[str], isolate: bool, threads: int) -> dict[str, Any]:
 def _worker(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     if args.worker == "matmul":
-        return matmul_rate(json.loads(args.linears), args.rows)
+        return matmul_rate(json.loads(args.linears), args.rows, ARITHMETIC[args.matmul_dtype])
     return worker(args.worker, args.policy, args.kl, args.data, args.student, args.teacher, args.warmup,
-                  args.window, args.repeats, args.batch, args.rate, args.profile_step, args.rate_cpu)
+                  args.window, args.repeats, args.batch, args.rate, args.profile_step, args.rate_cpu,
+                  args.compute_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -498,10 +500,15 @@ def diagnosis(policy: str, split: dict[str, Any]) -> str:
             f"measurement)")
 
 
+def kdlab_arithmetic(compute_dtype: str) -> str:
+    """The dtype kdlab's student computes in here (on a CPU): ``distill.compute_dtype`` resolved."""
+    return "fp32" if compute_dtype == "auto" else compute_dtype
+
+
 def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[str, int], out: Path,
              cells: tuple[tuple[str, str], ...] = CELLS, batch: int = BATCH, new_tokens: int = NEW_TOKENS,
              threads: int = THREADS, isolate: bool = True, profile: str = "kdlab", budget_s: float | None = None,
-             log=print) -> list[dict[str, Any]]:
+             log=print, compute_dtype: str = "auto") -> list[dict[str, Any]]:
     """Every cell, both frameworks, each in its own worker; writes ``out`` (a list of cells) after
     each worker (a cell missing a framework has ``complete`` false) and the matmul measurement
     next to it (``real_matmul.json``). ``profile``: which framework's worker profiles one extra
@@ -521,18 +528,25 @@ def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[st
         f"mean teacher response {facts['mean_response_tokens']:.0f} tokens")
     gc.collect()
     rows = round(batch * (facts["mean_prompt_tokens"] + new_tokens))
-    log(f"measuring the bf16 matmul rate at the model's shapes ({rows} rows, {threads} threads) ...")
-    matmul = _call(["--worker", "matmul", "--linears", json.dumps(facts["shape"]["linears"]), "--rows", str(rows),
-                    "--threads", str(threads)], isolate, threads)
-    log(f"  {matmul['gflops']:.0f} GFLOP/s (model mix; {matmul['gflops_per_cpu_s']:.0f} per CPU second), "
-        f"best shape {matmul['best_gflops']:.0f} GFLOP/s")
+    # TRL computes in bf16; kdlab in its compute dtype (fp32 on a CPU by default): each phase's
+    # share of the peak is taken against the matmul rate of the arithmetic it runs in
+    arith = kdlab_arithmetic(compute_dtype)
+    rates: dict[str, dict[str, Any]] = {}
+    for dt in sorted({"bf16", arith}):
+        log(f"measuring the {dt} matmul rate at the model's shapes ({rows} rows, {threads} threads) ...")
+        rates[dt] = _call(["--worker", "matmul", "--linears", json.dumps(facts["shape"]["linears"]), "--rows", str(rows),
+                           "--threads", str(threads), "--matmul-dtype", dt], isolate, threads)
+        log(f"  {rates[dt]['gflops']:.0f} GFLOP/s (model mix; {rates[dt]['gflops_per_cpu_s']:.0f} per CPU second), "
+            f"best shape {rates[dt]['best_gflops']:.0f} GFLOP/s")
+    matmul = rates["bf16"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    (out.parent / "real_matmul.json").write_text(json.dumps(matmul, indent=2))
+    (out.parent / "real_matmul.json").write_text(json.dumps(rates, indent=2))
     setup = {"student": str(student_dir), "teacher": str(teacher_dir),
              "teacher_is_student": Path(student_dir).resolve() == Path(teacher_dir).resolve(),
              "student_params": facts["student_params"], "teacher_params": facts["teacher_params"],
              "task": f"{TASK} (natural language, chat template)", "batch": batch, "new_tokens": new_tokens, "lr": LR,
-             "dtype": "bf16", "threads": threads, "offpd_pool": n_pool,
+             "dtype": "bf16", "kdlab_compute_dtype": arith, "trl_compute_dtype": "bf16", "threads": threads,
+             "offpd_pool": n_pool,
              "mean_prompt_tokens": facts["mean_prompt_tokens"], **settings}
     result: list[dict[str, Any]] = []
     loads: list[tuple[float, ...]] = []
@@ -572,6 +586,7 @@ def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[st
             "kdlab_profile": k and k.get("profile"), "trl_profile": t and t.get("profile"),
             "machine": {"matmul_gflops": matmul["gflops"], "matmul_gflops_per_cpu_s": matmul["gflops_per_cpu_s"],
                         "matmul_best_gflops": matmul["best_gflops"], "cpu_count": os.cpu_count(),
+                        "kdlab_matmul_gflops": rates[arith]["gflops"], "kdlab_compute_dtype": arith,
                         "loadavg_1_5_15_min_around_workers": loads[-2 * len(res):]},
             "setup": setup,
         }
@@ -582,10 +597,11 @@ def run_real(student_dir: str | Path, teacher_dir: str | Path, settings: dict[st
         t0 = time.perf_counter()
         loads.append(os.getloadavg())
         prof = profile in ("all", fw) and (policy, fw) not in profiled_policies
+        rate = rates[arith if fw == "kdlab" else "bf16"]
         res = _call(["--worker", fw, "--policy", policy, "--kl", kl, "--data", data_path,
                      "--student", str(student_dir), "--teacher", str(teacher_dir), "--batch", str(batch),
-                     "--threads", str(threads), "--rate", str(matmul["gflops"]),
-                     "--rate-cpu", str(matmul["gflops_per_cpu_s"]), *(["--profile-step"] if prof else []),
+                     "--threads", str(threads), "--rate", str(rate["gflops"]), "--compute-dtype", compute_dtype,
+                     "--rate-cpu", str(rate["gflops_per_cpu_s"]), *(["--profile-step"] if prof else []),
                      *[f"--{k}={v}" for k, v in settings.items()]], isolate, threads)
         if prof:
             profiled_policies.add((policy, fw))
@@ -645,6 +661,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=int, default=BATCH)
     ap.add_argument("--new-tokens", type=int, default=NEW_TOKENS)
     ap.add_argument("--out", default=str(REPO_ROOT / "outputs" / "bench" / "real.json"))
+    ap.add_argument("--compute-dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                    help="kdlab's arithmetic (distill.compute_dtype; auto: fp32 on a CPU); TRL computes in bf16")
+    ap.add_argument("--matmul-dtype", choices=sorted(ARITHMETIC), default="bf16", help=argparse.SUPPRESS)
     ap.add_argument("--worker", choices=["kdlab", "trl", "matmul"], help=argparse.SUPPRESS)
     for name in ("policy", "kl", "data", "result", "linears"):
         ap.add_argument(f"--{name}", help=argparse.SUPPRESS)
@@ -674,16 +693,18 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--cells: each must be one of {', '.join(f'{p}/{k}' for p, k in CELLS)}, got {args.cells!r}")
     cells = run_real(student, teacher, QUICK if args.quick else FULL, out, cells=chosen, batch=args.batch,
                      new_tokens=args.new_tokens, threads=args.threads, profile=args.profile,
-                     budget_s=None if args.budget_min is None else 60 * args.budget_min)
+                     budget_s=None if args.budget_min is None else 60 * args.budget_min,
+                     compute_dtype=args.compute_dtype)
     if not cells:
         print(f"no cell finished within the time budget; wrote {out}")
         return 1
     print()
     print_table(cells)
     print(f"\nratio = kdlab / TRL response tokens per wall second (median window); targets: >= 3.0 on-policy, "
-          f">= 2.0 off-policy; peak frac = kdlab's student forward+backward FLOP/s over the measured bf16 matmul "
-          f"rate ({cells[0]['machine']['matmul_gflops']:.0f} GFLOP/s; target >= 30%); cpu frac: the same per CPU second "
-          f"({cells[0]['machine']['matmul_gflops_per_cpu_s']:.0f} GFLOP per CPU second). cpu ratio: per CPU second "
+          f">= 2.0 off-policy; peak frac = kdlab's student forward+backward FLOP/s over the measured matmul "
+          f"rate of its arithmetic ({cells[0]['machine']['kdlab_compute_dtype']}: "
+          f"{cells[0]['machine']['kdlab_matmul_gflops']:.0f} GFLOP/s; bf16: {cells[0]['machine']['matmul_gflops']:.0f}; "
+          f"target >= 30%); cpu frac: the same per CPU second. cpu ratio: per CPU second "
           f"(less sensitive to a shared machine). loss diff: |kdlab - TRL| loss on kdlab's first OffPD batch. "
           f"{time.perf_counter() - t0:.0f} s in all. Wrote {out}")
     return 0

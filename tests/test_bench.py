@@ -287,10 +287,41 @@ def test_real_benchmark_one_step_per_cell_on_tiny_checkpoints(tiny_real_pair, tm
         first_of_policy = c is next(x for x in cells if x["policy"] == c["policy"])
         assert bool(c["kdlab_profile"] and c["kdlab_profile"]["ops"]) == first_of_policy
         assert c["machine"]["matmul_gflops"] > 0 and c["machine"]["matmul_gflops_per_cpu_s"] > 0
+        # kdlab computes in fp32 on a CPU (distill.compute_dtype auto), TRL in bf16: each against its own rate
+        assert c["machine"]["kdlab_compute_dtype"] == c["setup"]["kdlab_compute_dtype"] == "fp32"
+        assert c["machine"]["kdlab_matmul_gflops"] > 0 and c["setup"]["trl_compute_dtype"] == "bf16"
         assert c["setup"]["teacher_is_student"] is False
-    assert json.loads((tmp_path / "real_matmul.json").read_text())["shapes"]
+    rates = json.loads((tmp_path / "real_matmul.json").read_text())
+    assert set(rates) == {"bf16", "fp32"} and all(r["shapes"] for r in rates.values())
+    assert rates["fp32"]["dtype"] == "torch.float32"
     # a spent time budget stops before the next worker; what ran is kept
     short = real.run_real(student, teacher, {"warmup": 0, "window": 1, "repeats": 1}, tmp_path / "short.json",
                           cells=(("off", "forward"),), batch=2, new_tokens=4, threads=1, isolate=False,
                           profile="none", budget_s=0.0, log=lambda *a: None)
     assert short == [] and not (tmp_path / "short.json").exists()
+
+
+# ---------------------------------------------------------------- the toy study's throughput
+
+def test_bench_study_summarises_a_study_by_phase(tmp_path):
+    """benchmarks/bench_study.py reads a study's timing.json and its runs' metrics.json: the jobs
+    phase is the wall time minus the notebooks, runs per minute are over the jobs phase, and the
+    worker time splits into rollouts, steps, evaluation, the rest of each run and the notebook
+    overhead."""
+    study = _load_bench("bench_study")
+    d = tmp_path / "quick"
+    inv = {"wall_s": 400.0, "runs_done": 2, "runs_failed": 0, "runs_overhead_s": 6.0, "kernel_start_s": 4.0,
+           "notebooks": {"teachers_s": 20.0, "grid_s": 1.0, "70_statistics_s": 9.0, "report_s": 10.0}}
+    (d / "runs").mkdir(parents=True)
+    (d / "timing.json").write_text(json.dumps({"invocations": [{"wall_s": 1.0, "notebooks": {}}, inv], "runs": {}}))
+    for i, (task, wall, ro, st, ev) in enumerate([("countdown-3", 100.0, 20.0, 60.0, 10.0),
+                                                  ("kb-mc", 50.0, 5.0, 30.0, 5.0)]):
+        (d / "runs" / f"r{i}").mkdir()
+        (d / "runs" / f"r{i}" / "metrics.json").write_text(json.dumps(
+            {"task": task, "wall_s": wall, "time_rollout_s": ro, "time_step_s": st, "time_eval_s": ev}))
+    out = study.summarise(d, 410.0)
+    assert out["runs"] == 2 and out["jobs_s"] == 360.0  # the last invocation: 400 - (20 + 1 + 9 + 10)
+    assert out["runs_per_min"] == pytest.approx(2 / 6.0, abs=1e-3)
+    assert out["worker_s_by_phase"] == {"rollout": 25.0, "step": 90.0, "eval": 15.0, "run_other": 20.0,
+                                        "notebook_overhead": 10.0}
+    assert out["run_wall_s_by_task"]["kb-mc"] == {"mean": 50.0, "min": 50.0, "max": 50.0}

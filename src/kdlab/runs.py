@@ -62,14 +62,15 @@ def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _in_compute_dtype(student: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
-    """The distilled student as the run computed with it (``compute_dtype_of``): a copy when its
-    parameters are in another dtype (bf16 weights: exact in fp32). The toy base is evaluated in
-    fp32 too (``base_evaluation``), so before and after are judged with the same arithmetic."""
+def _in_compute_dtype(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
+    """``model`` computing in the run's arithmetic (``compute_dtype_of``): a copy when its
+    parameters are in another dtype (bf16 weights: exact in fp32). The distilled student is
+    judged this way, as the toy base is (``base_evaluation``: fp32), and the teacher samples the
+    OffPD pool this way."""
     import copy
 
-    dtype = compute_dtype_of(cfg, next(student.parameters()).device)
-    return student if next(student.parameters()).dtype == dtype else copy.deepcopy(student).to(dtype)
+    dtype = compute_dtype_of(cfg, next(model.parameters()).device)
+    return model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
 
 
 def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, seed: int = 0,
@@ -189,6 +190,7 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     else:
         teacher_dir = paths[cfg.task]
     student, teacher, codec = materials.load_pair(profile, paths["student"], teacher_dir, cfg.dtype)
+    teacher = _in_compute_dtype(teacher, cfg)
     base_style = {f"base_{k}": v for k, v in style_metrics(student, profile).items()} if style else {}
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=cfg.data_seed)
     t_off0 = time.perf_counter()

@@ -115,12 +115,14 @@ def test_embedded_default_profile_is_a_valid_controlled_grid():
     profile = load_profile(REPO_ROOT / "params" / "quick.yaml")  # (model sizes and budgets are calibrated)
     assert (profile.name, profile.student.family, profile.teacher.family) == ("quick", "llama", "llama")
     cells = expand_grid(profile)
-    assert len(cells) == 16 and {c.task for c in cells} == {"countdown-3"}
+    # the paper's main grid in miniature: its three target tasks, each with its own teacher
+    tasks = ("countdown-3", "kb-mc", "rules-mc")
+    assert len(cells) == 48 and {c.task for c in cells} == set(tasks)
     low, high = sorted(profile.grid.lrs)
     assert high / low == pytest.approx(5.0)  # the paper's ratio between the high and the low rate
-    assert {(c.policy, c.kl, c.lr, c.seed) for c in cells} == {(p, k, lr, s) for p in ("off", "on")
-                                                              for k in ("forward", "reverse")
-                                                              for lr in (low, high) for s in (0, 1)}
+    assert {(c.task, c.policy, c.kl, c.lr, c.seed) for c in cells} == {
+        (t, p, k, lr, s) for t in tasks for p in ("off", "on") for k in ("forward", "reverse")
+        for lr in (low, high) for s in (0, 1)}
 
 
 # ----------------------------------------------------------------------------- parameter errors

@@ -128,7 +128,8 @@ def test_student_extra_tasks_enter_the_student_mixture_and_key_only(repo_root):
 
     base = load_profile(repo_root / "params" / "quick.yaml")
     over = load_profile(repo_root / "params" / "quick.yaml", {"student_pretrain.extra_tasks": {"countdown-4": 1.5}})
-    assert student_tasks(base) == ["countdown-3"] and student_tasks(over) == ["countdown-3", "countdown-4"]
+    targets = ["countdown-3", "kb-mc", "rules-mc"]
+    assert student_tasks(base) == targets and student_tasks(over) == targets + ["countdown-4"]
     mix = student_mixture(over, student_tasks(over))
     weights = {t.name: w for t, w in mix}
     assert (weights["countdown-3"], weights["countdown-4"]) == (over.student_pretrain.task_weight, 1.5)

@@ -17,6 +17,7 @@ the token mean is global (token counts are summed over ranks) and FSDP averages 
 """
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -35,6 +36,7 @@ from .rollout import sample
 from .tasks.base import Problem, Task
 
 DTYPES = {name: {"bf16": torch.bfloat16, "fp32": torch.float32}[name] for name in schema.DTYPES}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
 
 
 @dataclass
@@ -153,8 +155,6 @@ class _Arithmetic:
     type. One process only (a sharded student computes in its own dtype)."""
 
     def __init__(self, student: torch.nn.Module, dtype: torch.dtype, world: int):
-        import copy
-
         self.student = student
         same = next(student.parameters()).dtype == dtype or world > 1
         self.model = student if same else copy.deepcopy(student).to(dtype)
@@ -171,15 +171,13 @@ class _Arithmetic:
             w.grad = None
 
 
-def _in_dtype(teacher: torch.nn.Module, dtype: torch.dtype, world: int) -> torch.nn.Module:
-    """The frozen teacher computing in the student's arithmetic dtype: a copy cast to it when a
-    lower-precision teacher (bf16 weights: exact in fp32) would otherwise set the pace."""
-    import copy
-
-    first = next(teacher.parameters())
-    if world > 1 or first.dtype == dtype or first.element_size() >= torch.empty((), dtype=dtype).element_size():
-        return teacher
-    return copy.deepcopy(teacher).to(dtype)
+def upcast(model: torch.nn.Module, dtype: torch.dtype, world: int = 1) -> torch.nn.Module:
+    """``model`` computing in ``dtype``: a cast copy when its parameters are of a narrower type
+    (bf16 values are exact in fp32), else ``model`` itself (never narrowed; a sharded model is
+    left as it is). The frozen teacher and the distilled student under evaluation go through it."""
+    if world > 1 or next(model.parameters()).dtype.itemsize >= dtype.itemsize:
+        return model
+    return copy.deepcopy(model).to(dtype)
 
 
 def lr_at(step: int, lr: float, warmup: int) -> float:
@@ -394,7 +392,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     device = next(student.parameters()).device
     arith = _Arithmetic(student, compute_dtype_of(cfg, device), world)
     work = arith.model  # samples, forward, backward
-    teacher = _in_dtype(teacher, next(work.parameters()).dtype, world)
+    teacher = upcast(teacher, next(work.parameters()).dtype, world)
     teacher.eval()
     for p in teacher.parameters():
         p.requires_grad_(False)

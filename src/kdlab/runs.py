@@ -19,7 +19,7 @@ from . import materials
 from .codec import CHAR
 from .config import Profile
 from .data import ProblemPool
-from .distill import DTYPES, RunConfig, compute_dtype_of, distill, offpd_rollouts
+from .distill import DTYPE_NAMES, DTYPES, RunConfig, compute_dtype_of, distill, offpd_rollouts, upcast
 from .evaluate import accuracy, pass_at_ks
 from .atomic import write_atomic, write_json_atomic
 from .kl import SAMPLED_KINDS
@@ -38,7 +38,8 @@ def run_config_from(profile: Profile, *, task: str | None = None, policy: str = 
     return RunConfig(task=task or profile.grid.tasks[0], policy=policy,
                      lam=lam if lam is not None else (-1.0 if policy == "off" else 1.0), kl=kl,
                      lr=lr if lr is not None else profile.grid.lrs[0], seed=seed, steps=d.steps,
-                     batch_size=d.batch_size, temperature=d.temperature, grad_clip=d.grad_clip, dtype=d.dtype, compute_dtype=d.compute_dtype,
+                     batch_size=d.batch_size, temperature=d.temperature, grad_clip=d.grad_clip, dtype=d.dtype,
+                     compute_dtype=d.compute_dtype,
                      jsd_beta=d.jsd_beta, sampled_direction=d.sampled_direction, logratio_clip=d.logratio_clip, plausibility_alpha=d.plausibility_alpha,
                      offpd_pool=d.offpd_pool, warmup=d.warmup, weight_decay=d.weight_decay, data_seed=profile.data_seed,
                      micro_batch_size=profile.pretrained.micro_batch_size, kl_chunk_size=profile.pretrained.kl_chunk_size,
@@ -60,17 +61,6 @@ def training_details(cfg: RunConfig, optimizer: str) -> dict[str, Any]:
 
 def _key(*parts: Any) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def _in_compute_dtype(model: torch.nn.Module, cfg: RunConfig) -> torch.nn.Module:
-    """``model`` computing in the run's arithmetic (``compute_dtype_of``): a copy when its
-    parameters are in another dtype (bf16 weights: exact in fp32). The distilled student is
-    judged this way, as the toy base is (``base_evaluation``: fp32), and the teacher samples the
-    OffPD pool this way."""
-    import copy
-
-    dtype = compute_dtype_of(cfg, next(model.parameters()).device)
-    return model if next(model.parameters()).dtype == dtype else copy.deepcopy(model).to(dtype)
 
 
 def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, seed: int = 0,
@@ -190,7 +180,10 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     else:
         teacher_dir = paths[cfg.task]
     student, teacher, codec = materials.load_pair(profile, paths["student"], teacher_dir, cfg.dtype)
-    teacher = _in_compute_dtype(teacher, cfg)
+    # the run's arithmetic (fp32 on a CPU by default): the teacher samples the OffPD pool and the
+    # distilled student is judged in it, as the toy base is (``base_evaluation``: fp32)
+    arith = compute_dtype_of(cfg, next(student.parameters()).device)
+    teacher = upcast(teacher, arith)
     base_style = {f"base_{k}": v for k, v in style_metrics(student, profile).items()} if style else {}
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=cfg.data_seed)
     t_off0 = time.perf_counter()
@@ -203,7 +196,7 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
                      progress=progress, codec=codec, teacher_system=materials.teacher_system(profile))
     del teacher
     t_ev = time.perf_counter()
-    judged = _in_compute_dtype(student, cfg)
+    judged = upcast(student, arith)
     after = evaluate_model(judged, profile, cfg.task, seed=cfg.seed, codec=codec)
     if style:
         after.update(style_metrics(judged, profile))
@@ -212,8 +205,8 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     probes = [k for k in after if k.startswith("probe_") and k != "probe_mean"]
     metrics: dict[str, Any] = {
         "run_id": cfg.run_id, "task": cfg.task, "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr,
-        "seed": cfg.seed, "dtype": cfg.dtype,
-        "compute_dtype": {v: k for k, v in DTYPES.items()}[compute_dtype_of(cfg, next(student.parameters()).device)], "grad_clip": cfg.grad_clip, "steps": cfg.steps,
+        "seed": cfg.seed, "dtype": cfg.dtype, "compute_dtype": DTYPE_NAMES[arith], "grad_clip": cfg.grad_clip,
+        "steps": cfg.steps,
         "sampled_direction": cfg.sampled_direction if cfg.kl in SAMPLED_KINDS else None, "jsd_beta": cfg.jsd_beta,
         "batch_size": cfg.batch_size, "temperature": cfg.temperature, **training_details(cfg, result.optimizer),
         "experiment": "style" if style else "grid",

@@ -206,3 +206,29 @@ def test_bf16_and_fp32_arithmetic_agree_to_bf16_precision(setup):
     assert a[0]["loss"] != b[0]["loss"]  # the arithmetic did differ
     with pytest.raises(ValueError, match="compute_dtype"):
         RunConfig(compute_dtype="fp16")
+
+
+def test_all_finite_finds_one_bad_value_among_many_tensors():
+    """The fused max-abs check agrees with a per-tensor isfinite, for NaN, +inf and -inf."""
+    from kdlab.distill import _all_finite
+
+    params = [torch.nn.Parameter(torch.randn(5, 7, dtype=torch.bfloat16) * 1e30) for _ in range(4)]
+    assert _all_finite(params, 1) and _all_finite(params, 2)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with torch.no_grad():
+            params[2][3, 1] = bad
+        assert not _all_finite(params, 1) and not _all_finite(params, 2)
+        with torch.no_grad():
+            params[2][3, 1] = 0.0
+
+
+def test_keep_freed_heap_takes_effect_with_glibc():
+    """On Linux (glibc) the allocator accepts the setting; elsewhere it is a no-op that says so."""
+    import platform
+
+    from kdlab.distill import keep_freed_heap
+
+    took = keep_freed_heap()
+    assert isinstance(took, bool)
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert took

@@ -15,6 +15,7 @@ from kdlab.kl import (
     sampled_kl,
     token_kl,
     token_kl_chunked,
+    token_kls,
 )
 
 
@@ -556,3 +557,18 @@ def test_score_function_kl_through_kl_loss_and_invalid_arguments():
         score_function_kl(s, t, x[:, :2], "forward")
     with pytest.raises(ValueError, match="ids in"):
         score_function_kl(s, t, x + 7, "forward")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_token_kls_is_token_kl_in_both_directions(temperature, dtype):
+    g = torch.Generator().manual_seed(3)
+    s = (torch.randn(3, 5, 11, generator=g) * 3).to(dtype)
+    t = (torch.randn(3, 5, 11, generator=g) * 3).to(dtype)
+    mask = torch.rand(3, 5, generator=g) > 0.3
+    fwd, rev = token_kls(s, t, mask, temperature)
+    torch.testing.assert_close(fwd, token_kl(s, t, "forward", mask, temperature), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(rev, token_kl(s, t, "reverse", mask, temperature), rtol=1e-6, atol=1e-6)
+    ref = _brute_token_kl(s.double(), t.double(), "forward", temperature)
+    torch.testing.assert_close(fwd.double(), torch.where(mask, ref, 0.0), rtol=1e-4, atol=1e-5)
+    assert fwd.dtype == rev.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from . import schema
 from .batching import pad_left, pad_right, response_logits
 from .codec import CHAR
-from .kl import LOSS_KINDS, SCORE_FUNCTION, draw_tokens, kl_loss, token_kl
+from .kl import LOSS_KINDS, SCORE_FUNCTION, draw_tokens, kl_loss, token_kls
 from .rollout import sample
 from .tasks.base import Problem, Task
 
@@ -294,6 +294,37 @@ class _OffPDTeacherLogits:
         return self.store[torch.tensor(idx), :width], len(idx) - len(missing)
 
 
+def _all_finite(params: list[torch.nn.Parameter], world: int) -> bool:
+    """Whether every parameter value is finite: one fused max-abs pass over all of them (a
+    tensor's infinity norm is finite exactly when its values are), instead of a check and a
+    host sync per tensor; sharded parameters (DTensors) are checked tensor by tensor."""
+    if world > 1:
+        return all(bool(torch.isfinite(p).all()) for p in params)
+    return bool(torch.stack(torch._foreach_norm(params, math.inf)).isfinite().all())
+
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt() parameters (malloc.h)
+HEAP_KEEP_BYTES = 1 << 30
+
+
+def keep_freed_heap() -> bool:
+    """Ask glibc's allocator to serve large blocks from its heap and keep freed memory there,
+    for reuse by the next step, instead of mapping fresh zeroed pages for every large tensor and
+    unmapping them when freed. A step on a real model allocates and frees several (B, R, V)
+    float32 tensors (100 MB each at V = 49,152); faulting their pages in again every step cost
+    about a third of kdlab's step time on SmolLM2-135M (docs/calibration.md 18). The process's
+    resident memory then stays near its peak. Returns whether the allocator took the setting (a
+    no-op without glibc)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, HEAP_KEEP_BYTES)) and bool(
+            libc.mallopt(M_TRIM_THRESHOLD, 2 * HEAP_KEEP_BYTES))
+    except (OSError, AttributeError):
+        return False
+
+
 @contextmanager
 def _fast_cpu_attention(*models: torch.nn.Module) -> Iterator[None]:
     """Run CPU models that use SDPA attention with the eager (matmul) attention instead.
@@ -356,8 +387,9 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
         weight = world * n_m / n_total
         (loss if weight == 1.0 else loss * weight).backward()
         with torch.no_grad():
-            sums[1] += float(token_kl(s_logits.detach(), t_logits, "forward", rm_d).sum())
-            sums[2] += float(token_kl(s_logits.detach(), t_logits, "reverse", rm_d).sum())
+            fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
+            sums[1] += float(fkl.sum())
+            sums[2] += float(rkl.sum())
         del s_logits, t_logits
     return loss, sums
 
@@ -377,6 +409,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     raises on divergence: a non-finite loss or parameter stops the run and marks it collapsed.
     """
     t_start = time.perf_counter()
+    keep_freed_heap()
     phase = {"rollout": 0.0, "step": 0.0}
     rank, world = _world()
     torch.manual_seed(cfg.seed)
@@ -475,7 +508,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP2
                 gnorm = gnorm.full_tensor()
             opt.step()
-            finite = math.isfinite(float(gnorm)) and all(bool(torch.isfinite(p).all()) for p in params)
+            finite = math.isfinite(float(gnorm)) and _all_finite(params, world)
             if world > 1:
                 (bad,) = _sum_over_ranks([0.0 if finite else 1.0], device)
                 finite = bad == 0.0

@@ -147,6 +147,30 @@ def token_kl(
     return _apply_mask(kl, mask)
 
 
+def token_kls(
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(forward, reverse) per-token KL, each exactly :func:`token_kl` of its direction, from one
+    pair of log-softmaxes (a loop that logs both directions every step pays for two, not four).
+
+    Args: as :func:`token_kl`, without ``direction``. Returns two (B, T) tensors:
+    ``KL(p_T || p_S)`` and ``KL(p_S || p_T)``.
+    """
+    _check_logits(student_logits, teacher_logits)
+    _check_mask(mask, student_logits.shape[:-1])
+    _check_temperature(temperature)
+    dtype = _compute_dtype(student_logits, teacher_logits)
+    log_p_s = _log_probs(student_logits, temperature, dtype)
+    log_p_t = _log_probs(teacher_logits, temperature, dtype)
+    diff = log_p_t - log_p_s  # (B, T, V)
+    forward = (log_p_t.exp() * diff).sum(dim=-1)
+    reverse = -(log_p_s.exp() * diff).sum(dim=-1)
+    return _apply_mask(forward, mask), _apply_mask(reverse, mask)
+
+
 def _chunk_rows(n_rows: int, mask_flat: torch.Tensor | None, chunk_size: int):
     """Yield index tensors (or slices) of the rows to process, ``chunk_size`` rows at a time."""
     if mask_flat is None:

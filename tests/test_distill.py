@@ -210,14 +210,14 @@ def test_bf16_and_fp32_arithmetic_agree_to_bf16_precision(setup):
 
 def test_all_finite_finds_one_bad_value_among_many_tensors():
     """The fused max-abs check agrees with a per-tensor isfinite, for NaN, +inf and -inf."""
-    from kdlab.distill import _all_finite
+    from kdlab.distill import all_finite
 
     params = [torch.nn.Parameter(torch.randn(5, 7, dtype=torch.bfloat16) * 1e30) for _ in range(4)]
-    assert _all_finite(params, 1) and _all_finite(params, 2)
+    assert all_finite(params, 1) and all_finite(params, 2)
     for bad in (float("nan"), float("inf"), -float("inf")):
         with torch.no_grad():
             params[2][3, 1] = bad
-        assert not _all_finite(params, 1) and not _all_finite(params, 2)
+        assert not all_finite(params, 1) and not all_finite(params, 2)
         with torch.no_grad():
             params[2][3, 1] = 0.0
 

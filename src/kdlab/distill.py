@@ -294,7 +294,7 @@ class _OffPDTeacherLogits:
         return self.store[torch.tensor(idx), :width], len(idx) - len(missing)
 
 
-def _all_finite(params: list[torch.nn.Parameter], world: int) -> bool:
+def all_finite(params: list[torch.nn.Parameter], world: int = 1) -> bool:
     """Whether every parameter value is finite: one fused max-abs pass over all of them (a
     tensor's infinity norm is finite exactly when its values are), instead of a check and a
     host sync per tensor; sharded parameters (DTensors) are checked tensor by tensor."""
@@ -508,7 +508,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP2
                 gnorm = gnorm.full_tensor()
             opt.step()
-            finite = math.isfinite(float(gnorm)) and _all_finite(params, world)
+            finite = math.isfinite(float(gnorm)) and all_finite(params, world)
             if world > 1:
                 (bad,) = _sum_over_ranks([0.0 if finite else 1.0], device)
                 finite = bad == 0.0

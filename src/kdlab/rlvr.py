@@ -34,7 +34,7 @@ from .rollout import sample
 from .tasks.base import Problem, Task
 from .tokenizer import decode
 
-from .distill import DTYPES  # noqa: E402
+from .distill import DTYPES, all_finite  # noqa: E402
 NORMALISATIONS = ("sequence", "token")
 
 
@@ -288,10 +288,6 @@ class RLVRConfig:
             raise ValueError(f"collapse_drop must be >= 0, got {self.collapse_drop!r}")
 
 
-def _params_finite(model: torch.nn.Module) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
-
-
 def _sequence_logprobs(model: torch.nn.Module, prompts: torch.Tensor, prompt_mask: torch.Tensor,
                        tokens: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
     return token_logprobs(response_logits(model, prompts, prompt_mask, tokens, mask), tokens, temperature)
@@ -384,7 +380,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
                 break
             opt.step()
         model.eval()
-        if not nan_stop and not _params_finite(model):
+        if not nan_stop and not all_finite(list(model.parameters())):
             nan_stop = True
         t2 = time.perf_counter()
         phase["rollout"] += t1 - t0

@@ -26,6 +26,7 @@ from kdlab.cli import main
 from kdlab.config import ConfigError, load_profile
 from kdlab.results import LOCATION_COLUMNS, REQUIRED_COLUMNS, WALL_TIME_COLUMNS
 from kdlab.study import expand_grid, notebook_finished, run_study
+from kdlab.study.plan import analysis_lanes
 from kdlab.teachers import model_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -111,6 +112,19 @@ def test_expand_grid_adds_lambda_ends_missing_from_the_policy_grid():
     assert [(c.policy, c.lam) for c in expand_grid(profile)] == [("on", 1.0), ("off", -1.0)]
 
 
+def test_analysis_lanes_keep_a_notebook_after_what_it_reads():
+    names = ["40_teaching_kl.ipynb", "50_gradients.ipynb", "60_spectrum.ipynb", "70_statistics.ipynb",
+             "80_explorer.ipynb", "90_coverage.ipynb", "91_rlvr.ipynb"]
+    assert analysis_lanes(names, 1) == [names]
+    assert analysis_lanes(names, 2) == [["50_gradients.ipynb", "70_statistics.ipynb"],
+                                        ["40_teaching_kl.ipynb", "60_spectrum.ipynb", "80_explorer.ipynb",
+                                         "90_coverage.ipynb", "91_rlvr.ipynb"]]
+    three = analysis_lanes(names, 3)
+    assert three[0] == ["50_gradients.ipynb", "70_statistics.ipynb"] and sorted(sum(three, [])) == sorted(names)
+    assert [len(lane) for lane in three[1:]] == [3, 2]
+    assert analysis_lanes(["40_teaching_kl.ipynb"], 2) == [["40_teaching_kl.ipynb"]]
+
+
 def test_embedded_default_profile_is_a_valid_controlled_grid():
     profile = load_profile(REPO_ROOT / "params" / "quick.yaml")  # (model sizes and budgets are calibrated)
     assert (profile.name, profile.student.family, profile.teacher.family) == ("quick", "llama", "llama")
@@ -123,6 +137,9 @@ def test_embedded_default_profile_is_a_valid_controlled_grid():
     assert {(c.task, c.policy, c.kl, c.lr, c.seed) for c in cells} == {
         (t, p, k, lr, s) for t in tasks for p in ("off", "on") for k in ("forward", "reverse")
         for lr in (low, high) for s in (0, 1)}
+    # the paper's training details (docs/calibration.md 15): teacher 0.5 / student 1.0, 10 warm-up steps, fused AdamW
+    d = profile.distill
+    assert (d.teacher_temperature, d.student_temperature, d.warmup, d.fused_adamw, d.batch_size) == (0.5, 1.0, 10, True, 32)
 
 
 # ----------------------------------------------------------------------------- parameter errors
@@ -184,6 +201,12 @@ def test_parallel_workers_run_the_whole_grid(full_study):
     spans = {w: [_notebook_span(study / "runs" / r / "run.ipynb") for r in ids] for w, ids in by_worker.items()}
     assert any(a0 < b1 and b0 < a1 for a0, a1 in spans[0] for b0, b1 in spans[1])
     assert (study / "logs" / "kernel-0.log").exists() and (study / "logs" / "kernel-1.log").exists()
+    # The analysis notebooks ran on both kernels: 70 after 50 (it reads 50's bound.csv), the others beside them.
+    span = {nb: _notebook_span(study / "analysis" / f"{nb}.ipynb")
+            for nb in ("40_teaching_kl", "50_gradients", "60_spectrum", "70_statistics")}
+    assert span["50_gradients"][1] <= span["70_statistics"][0]
+    assert any(span[a][0] < span[b][1] and span[b][0] < span[a][1]
+               for a in ("50_gradients", "70_statistics") for b in ("40_teaching_kl", "60_spectrum"))
 
 
 # ----------------------------------------------------------------------------------- failures

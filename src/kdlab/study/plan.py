@@ -34,6 +34,10 @@ RLVR_NB = "11_rlvr.ipynb"
 ANALYSIS_NBS = ("40_teaching_kl.ipynb", "50_gradients.ipynb", "60_spectrum.ipynb", "70_statistics.ipynb",
                 "80_explorer.ipynb", "90_coverage.ipynb")
 
+# Analysis notebooks that read another's output: 70's scoreboard reads 50's bound.csv. A
+# notebook and its prerequisite run on one kernel, in this order; the rest may run beside them.
+ANALYSIS_AFTER = {"70_statistics.ipynb": "50_gradients.ipynb"}
+
 # Report sections of the follow-ups, executed only when the profile runs them.
 RLVR_REPORT_NB, STYLE_REPORT_NB, ROBUSTNESS_NB = "91_rlvr.ipynb", "92_style.ipynb", "93_robustness.ipynb"
 
@@ -47,6 +51,19 @@ def analysis_notebooks(profile: Profile) -> list[str]:
     (``rlvr.enabled``), style (``style.enabled``) and robustness (``companions``) sections."""
     return [*ANALYSIS_NBS, *([RLVR_REPORT_NB] if profile.rlvr.enabled else []),
             *([STYLE_REPORT_NB] if profile.style.enabled else []), *([ROBUSTNESS_NB] if profile.companions else [])]
+
+
+def analysis_lanes(names: list[str], n: int) -> list[list[str]]:
+    """``names`` split over at most ``n`` kernels, each lane run in order on one kernel: the
+    notebooks linked by ``ANALYSIS_AFTER`` (a prerequisite and what reads it) on the first, in
+    the order of ``names``; the others round-robin over the remaining kernels (all on one when
+    ``n`` is 1). Empty lanes are dropped."""
+    linked = set(ANALYSIS_AFTER) | set(ANALYSIS_AFTER.values())
+    lanes: list[list[str]] = [[] for _ in range(max(1, n))]
+    free = lanes[1:] or lanes
+    for name in names:
+        (lanes[0] if name in linked else min(free, key=len)).append(name)
+    return [lane for lane in lanes if lane]
 
 
 def _notebook(name: str) -> Path:

@@ -41,7 +41,7 @@ from ..preflight import check_profile
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
                       _record_error, _run_jobs, _run_on_ray)
 from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook, _pending,
-                   analysis_notebooks, expand_grid, rlvr_job, run_is_complete, run_job, schedule, study_dir_of)
+                   analysis_lanes, analysis_notebooks, expand_grid, rlvr_job, run_is_complete, run_job, schedule, study_dir_of)
 
 
 class StudyBusy(RuntimeError):
@@ -258,29 +258,43 @@ def _run_all_jobs(ctx: Context, profile: Profile, todo: list, todo_extra: list, 
     ctx.invocation["kernel_start_s"] = round(sum(k.start_s for k in ctx.kernels), 3)  # restarts included
 
 
-def _section(ctx: Context, name: str, out: Path, label: str) -> bool:
-    """Execute one report notebook into ``out``; record (and say) its error. True when it ran."""
-    k0 = ctx.kernels[0]
+def _section(ctx: Context, name: str, out: Path, label: str, kernel: int = 0) -> Future:
+    """Execute one report notebook into ``out`` on kernel ``kernel``; the future gives True when it
+    ran (an error is recorded and said)."""
+    k = ctx.kernels[kernel]
     out.parent.mkdir(exist_ok=True)
-    outcome = k0.submit(_execute_safely, k0, _notebook(name), out, {"study_dir": str(ctx.study_dir)},
-                        out.parent).result()
-    ctx.invocation["notebooks"][label] = round(outcome.seconds, 3)
-    err_path = out.with_name(out.stem + "_error.json")
-    if outcome.error:
-        _record_error(err_path, outcome)
-        _say(f"kdlab study: notebook {name} failed: {outcome.error['ename']}: {outcome.error['evalue']}; see {out}")
-        return False
-    err_path.unlink(missing_ok=True)
-    return True
+    done: Future = Future()
+
+    def finish(f: Future) -> None:
+        try:
+            outcome = f.result()
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits on ``done``
+            done.set_exception(e)
+            return
+        ctx.invocation["notebooks"][label] = round(outcome.seconds, 3)
+        err_path = out.with_name(out.stem + "_error.json")
+        if outcome.error:
+            _record_error(err_path, outcome)
+            _say(f"kdlab study: notebook {name} failed: {outcome.error['ename']}: {outcome.error['evalue']}; see {out}")
+            done.set_result(False)
+            return
+        err_path.unlink(missing_ok=True)
+        done.set_result(True)
+
+    k.submit(_execute_safely, k, _notebook(name), out, {"study_dir": str(ctx.study_dir)}, out.parent
+             ).add_done_callback(finish)
+    return done
 
 
 def _write_report(ctx: Context, profile: Profile, report: bool) -> bool:
-    """Phase 3: ``results.parquet`` (``20_grid``), then the report and analysis notebooks ->
-    ``report.html``; False when a notebook failed."""
+    """Phase 3: ``results.parquet`` (``20_grid``), then the analysis notebooks (spread over the
+    warm kernels: ``analysis_lanes``) and the report -> ``report.html``; False when a notebook
+    failed."""
     import pandas as pd
 
     study_dir = ctx.study_dir
-    if not _section(ctx, GRID_NB, study_dir / "grid.ipynb", "grid_s") or not (study_dir / "results.parquet").exists():
+    if not _section(ctx, GRID_NB, study_dir / "grid.ipynb", "grid_s").result() \
+            or not (study_dir / "results.parquet").exists():
         return False
     if len(pd.read_parquet(study_dir / "results.parquet")) == 0:
         _say("no completed runs: no report")
@@ -288,14 +302,14 @@ def _write_report(ctx: Context, profile: Profile, report: bool) -> bool:
     if not report:
         _say(f"results: {study_dir / 'results.parquet'} (a companion study: shown in its main study's report)")
         return True
-    ok, sections = True, [study_dir / "report.ipynb"]
-    for name in analysis_notebooks(profile):  # 50 (gradients) before 70 (its scoreboard reads bound.csv)
-        out = study_dir / "analysis" / name
-        ok = _section(ctx, name, out, name.split(".")[0] + "_s") and ok
-        sections.append(out)
+    names = analysis_notebooks(profile)
+    outs = {name: study_dir / "analysis" / name for name in names}
+    pending = [_section(ctx, name, outs[name], name.split(".")[0] + "_s", kernel=i)
+               for i, lane in enumerate(analysis_lanes(names, len(ctx.kernels))) for name in lane]
+    ok = all([f.result() for f in pending])
     # The report runs last: its first screen shows the scoreboard and knob table 70 wrote.
-    ok = _section(ctx, REPORT_NB, study_dir / "report.ipynb", "report_s") and ok
-    _export_html(sections, study_dir / "report.html")
+    ok = _section(ctx, REPORT_NB, study_dir / "report.ipynb", "report_s").result() and ok
+    _export_html([study_dir / "report.ipynb", *outs.values()], study_dir / "report.html")
     return ok
 
 

@@ -41,7 +41,8 @@ from ..preflight import check_profile
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
                       _record_error, _run_jobs, _run_on_ray)
 from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook, _pending,
-                   analysis_lanes, analysis_notebooks, expand_grid, rlvr_job, run_is_complete, run_job, schedule, study_dir_of)
+                   analysis_lanes, analysis_notebooks, expand_grid, rlvr_job, run_is_complete, run_job, schedule,
+                   study_dir_of)
 
 
 class StudyBusy(RuntimeError):

@@ -169,7 +169,7 @@ def test_pass_curves_are_seed_means_per_lambda():
     assert row["n"] == 4 and row["mean"] == pytest.approx(expected, abs=1e-12)
 
 
-def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants():
+def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants(tmp_path):
     """On the shipped quick student (weak but not at zero): every k of eval.pass_ks on countdown-3
     and countdown-4e, equal to pass_at_ks on the same problems, samples and seed."""
     from kdlab.evaluate import pass_at_ks
@@ -177,7 +177,11 @@ def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants():
     from kdlab.tasks import get_task
     from kdlab.tasks.base import held_out
 
-    student_dir = sorted((REPO_ROOT / "checkpoints").glob("student-*"))[0]
+    from kdlab.teachers import model_paths
+
+    # the quick profile's student base, installed from checkpoints/ (no training)
+    student_dir = model_paths(load_profile(REPO_ROOT / "params" / "quick.yaml"), tmp_path / "models",
+                              progress=False, train=False)["student"]
     model = load_checkpoint(student_dir)
     profile = load_profile(TINY_BEYOND, {"eval.pass_n": 6, "eval.pass_ks": [1, 3, 6, 9], "eval.harder": ["countdown-4e"],
                                          "eval.n_probe": 1, "eval.n_test": 12, "eval.pass_problems": 12})

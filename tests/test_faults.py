@@ -166,11 +166,12 @@ def test_a_corrupt_shipped_model_is_refused_with_the_command_that_restores_it(tm
     shutil.copytree(teachers.SHIPPED_DIR, shipped)
     monkeypatch.setattr(teachers, "SHIPPED_DIR", shipped)
     teacher = next(shipped.glob("teacher-countdown-3-*"))
-    recorded, now = _flip_a_byte(teacher / "model.safetensors")
+    recorded = json.loads((shipped / "MANIFEST.json").read_text())[teacher.name]
+    _flip_a_byte(teacher / "model.safetensors.xz")  # shipped weights are packed (xz, with its own check)
     quick = TINY.parent / "quick.yaml"
     rc = main(["--outputs", str(tmp_path / "out"), "study", str(quick)])
     line = _one_line(capsys.readouterr().err)
-    assert rc == 2 and str(teacher / "model.safetensors") in line and recorded in line and now in line
+    assert rc == 2 and str(teacher / "model.safetensors.xz") in line and recorded in line and "unreadable" in line
     assert f"`git restore checkpoints/{teacher.name}`" in line and f"`kdlab teachers {quick} --rebuild`" in line
     assert not (tmp_path / "out").exists()
 

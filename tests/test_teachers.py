@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from kdlab.config import ModelSpec, PretrainSpec
-from kdlab.models import checkpoint_meta, load_checkpoint
+from kdlab.models import PACKED_WEIGHTS, WEIGHTS, checkpoint_meta, load_checkpoint
 from kdlab.tasks import probe_tasks
-from kdlab.teachers import ModelStore, SHIPPED_MANIFEST
+from kdlab.teachers import ModelStore, SHIPPED_MANIFEST, ship_checkpoint
 
 SPEC = ModelSpec(family="llama", size="nano", seed=0)
 PRE = PretrainSpec(steps=6, batch_size=4, lr=1e-3, warmup=2)
@@ -61,8 +61,11 @@ def test_shipped_checkpoint_is_installed_after_its_hash_is_checked(tmp_path):
     built = ModelStore(tmp_path / "a", shipped_dir=None).get_or_train(
         "student", {"k": 1}, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
     shipped = tmp_path / "shipped"
-    shutil.copytree(built, shipped / built.name)
-    (shipped / SHIPPED_MANIFEST).write_text(json.dumps({built.name: checkpoint_meta(built)["sha256"]}))
+    ship_checkpoint(built, shipped)
+    # shipped packed: the weights compressed, the manifest holding the plain weights' hash
+    assert not (shipped / built.name / WEIGHTS).exists()
+    assert (shipped / built.name / PACKED_WEIGHTS).stat().st_size < (built / WEIGHTS).stat().st_size
+    assert json.loads((shipped / SHIPPED_MANIFEST).read_text()) == {built.name: checkpoint_meta(built)["sha256"]}
     store = ModelStore(tmp_path / "b", shipped_dir=shipped)
 
     def no_training(*a, **k):
@@ -75,6 +78,18 @@ def test_shipped_checkpoint_is_installed_after_its_hash_is_checked(tmp_path):
     finally:
         teachers.sft = orig
     assert checkpoint_meta(got)["sha256"] == checkpoint_meta(built)["sha256"]
+    # installed unpacked, byte for byte the built weights
+    assert (got / WEIGHTS).read_bytes() == (built / WEIGHTS).read_bytes() and not (got / PACKED_WEIGHTS).exists()
+    # a damaged pack is refused before anything is installed, naming the packed file
+    packed = shipped / built.name / PACKED_WEIGHTS
+    data = bytearray(packed.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    packed.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"{PACKED_WEIGHTS}: sha256 unreadable"):
+        ModelStore(tmp_path / "d", shipped_dir=shipped).get_or_train("student", {"k": 1}, SPEC, PRE, mixture(),
+                                                                      progress=False)
+    assert not (tmp_path / "d" / built.name).exists()
+    ship_checkpoint(built, shipped)  # shipped again, whole
     # a tampered shipped file is refused, naming the file
     (shipped / SHIPPED_MANIFEST).write_text(json.dumps({built.name: "0" * 64}))
     with pytest.raises(ValueError, match="does not match"):

@@ -25,7 +25,8 @@ import torch
 from .atomic import locked, write_atomic, write_dir_atomic, write_json_atomic
 from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
-from .models import SHIPPED_DIR, build_model, checkpoint_meta, n_params, save_checkpoint, verify_weights
+from .models import (SHIPPED_DIR, build_model, checkpoint_meta, n_params, pack_weights, save_checkpoint, unpack_weights,
+                     verify_weights)
 from .tasks import get_task, probe_tasks
 from .tasks.base import Task
 from .train import SFTSchedule, sft
@@ -101,12 +102,26 @@ def shipped_manifest(shipped_dir: Path = SHIPPED_DIR) -> dict[str, str]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def ship_checkpoint(built: str | Path, shipped_dir: Path = SHIPPED_DIR) -> Path:
+    """Add a built checkpoint to the shipped ones: ``shipped_dir/<its name>/`` with its weights
+    packed (``kdlab.models.PACKED_WEIGHTS``) and its weights' SHA-256 in the manifest."""
+    built = Path(built)
+    verify_weights(built)
+    sha = checkpoint_meta(built)["sha256"]
+    target = shipped_dir / built.name
+    write_dir_atomic(target, lambda tmp: pack_weights(built, tmp))
+    verify_weights(target, sha, shipped=True)
+    manifest = {**shipped_manifest(shipped_dir), built.name: sha}
+    write_atomic(shipped_dir / SHIPPED_MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=2) + "\n"))
+    return target
+
+
 class ModelStore:
     """Content-addressed cache of trained checkpoints under ``root``.
 
     A checkpoint the repository ships (``checkpoints/<role>-<hash>/``, listed with its weights'
-    SHA-256 in ``checkpoints/MANIFEST.json``) is copied in instead of being trained, after its
-    hash is checked; ``kdlab teachers --rebuild`` trains it from scratch instead. A cached
+    SHA-256 in ``checkpoints/MANIFEST.json``, its weights packed: ``ship_checkpoint``) is
+    copied in, unpacked, instead of being trained, after its hash is checked; ``kdlab teachers --rebuild`` trains it from scratch instead. A cached
     checkpoint's hash is checked against its ``kdlab.json`` whenever it is reused. One process
     at a time builds a model (``kdlab.atomic.locked``); the others wait and reuse its copy.
     """
@@ -126,7 +141,8 @@ class ModelStore:
     def install_shipped(self, name: str, final: Path) -> bool:
         src = self.shipped(name)
         if src is not None:
-            write_dir_atomic(final, lambda tmp: shutil.copytree(src, tmp, dirs_exist_ok=True))
+            write_dir_atomic(final, lambda tmp: unpack_weights(src, tmp))
+            verify_weights(final)  # the unpacked copy is what the shipped hash vouched for
         return src is not None
 
     def path(self, role: str, key: dict[str, Any]) -> Path:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -86,29 +87,19 @@ def weights_file(directory: str | Path) -> tuple[Path, str]:
         return packed, f"unreadable ({e})"
 
 
-def pack_weights(directory: str | Path, into: str | Path) -> None:
-    """Copy checkpoint ``directory`` into ``into`` with its weights xz-compressed (shipping)."""
+def copy_checkpoint(directory: str | Path, into: str | Path, packed: bool) -> None:
+    """Copy checkpoint ``directory`` (weights plain or packed) into ``into`` with its weights
+    xz-compressed (``packed``: shipping) or plain (installing a shipped one)."""
     directory, into = Path(directory), Path(into)
     into.mkdir(parents=True, exist_ok=True)
     for f in sorted(directory.iterdir()):
-        if f.is_file() and f.name != WEIGHTS:
-            (into / f.name).write_bytes(f.read_bytes())
-    with open(directory / WEIGHTS, "rb") as src, lzma.open(into / PACKED_WEIGHTS, "wb", preset=9) as dst:
-        for chunk in iter(lambda: src.read(1 << 20), b""):
-            dst.write(chunk)
-
-
-def unpack_weights(directory: str | Path, into: str | Path) -> None:
-    """Copy checkpoint ``directory`` into ``into`` with plain weights (a packed one decompressed)."""
-    directory, into = Path(directory), Path(into)
-    into.mkdir(parents=True, exist_ok=True)
-    for f in sorted(directory.iterdir()):
-        if f.is_file() and f.name != PACKED_WEIGHTS:
-            (into / f.name).write_bytes(f.read_bytes())
-    if not (directory / WEIGHTS).exists():
-        with lzma.open(directory / PACKED_WEIGHTS, "rb") as src, open(into / WEIGHTS, "wb") as dst:
-            for chunk in iter(lambda: src.read(1 << 20), b""):
-                dst.write(chunk)
+        if f.is_file() and f.name not in (WEIGHTS, PACKED_WEIGHTS):
+            shutil.copyfile(f, into / f.name)
+    src_packed = not (directory / WEIGHTS).exists()
+    reader = lzma.open(directory / PACKED_WEIGHTS, "rb") if src_packed else open(directory / WEIGHTS, "rb")
+    writer = lzma.open(into / PACKED_WEIGHTS, "wb", preset=9) if packed else open(into / WEIGHTS, "wb")
+    with reader as src, writer as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
 
 
 def save_checkpoint(model: PreTrainedModel, directory: str | Path, meta: dict[str, Any] | None = None) -> str:

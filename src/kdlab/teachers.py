@@ -25,7 +25,7 @@ import torch
 from .atomic import locked, write_atomic, write_dir_atomic, write_json_atomic
 from .config import ModelSpec, PretrainSpec, Profile
 from .evaluate import accuracy
-from .models import (SHIPPED_DIR, build_model, checkpoint_meta, n_params, pack_weights, save_checkpoint, unpack_weights,
+from .models import (SHIPPED_DIR, build_model, checkpoint_meta, copy_checkpoint, n_params, save_checkpoint,
                      verify_weights)
 from .tasks import get_task, probe_tasks
 from .tasks.base import Task
@@ -109,7 +109,7 @@ def ship_checkpoint(built: str | Path, shipped_dir: Path = SHIPPED_DIR) -> Path:
     verify_weights(built)
     sha = checkpoint_meta(built)["sha256"]
     target = shipped_dir / built.name
-    write_dir_atomic(target, lambda tmp: pack_weights(built, tmp))
+    write_dir_atomic(target, lambda tmp: copy_checkpoint(built, tmp, packed=True))
     verify_weights(target, sha, shipped=True)
     manifest = {**shipped_manifest(shipped_dir), built.name: sha}
     write_atomic(shipped_dir / SHIPPED_MANIFEST, lambda tmp: Path(tmp).write_text(json.dumps(manifest, indent=2) + "\n"))
@@ -121,8 +121,8 @@ class ModelStore:
 
     A checkpoint the repository ships (``checkpoints/<role>-<hash>/``, listed with its weights'
     SHA-256 in ``checkpoints/MANIFEST.json``, its weights packed: ``ship_checkpoint``) is
-    copied in, unpacked, instead of being trained, after its hash is checked; ``kdlab teachers --rebuild`` trains it from scratch instead. A cached
-    checkpoint's hash is checked against its ``kdlab.json`` whenever it is reused. One process
+    copied in, unpacked, instead of being trained, after its hash is checked; ``kdlab teachers
+    --rebuild`` trains it from scratch instead. A cached checkpoint's hash is checked against its ``kdlab.json`` whenever it is reused. One process
     at a time builds a model (``kdlab.atomic.locked``); the others wait and reuse its copy.
     """
 
@@ -141,7 +141,7 @@ class ModelStore:
     def install_shipped(self, name: str, final: Path) -> bool:
         src = self.shipped(name)
         if src is not None:
-            write_dir_atomic(final, lambda tmp: unpack_weights(src, tmp))
+            write_dir_atomic(final, lambda tmp: copy_checkpoint(src, tmp, packed=False))
             verify_weights(final)  # the unpacked copy is what the shipped hash vouched for
         return src is not None
 

@@ -123,7 +123,8 @@ class ModelStore:
     SHA-256 in ``checkpoints/MANIFEST.json``, its weights packed: ``ship_checkpoint``) is
     copied in, unpacked, instead of being trained, after its hash is checked; ``kdlab teachers
     --rebuild`` trains it from scratch instead. A cached checkpoint's hash is checked against its
-    ``kdlab.json`` whenever it is reused. One process at a time builds a model (``kdlab.atomic.locked``); the others wait and reuse its copy.
+    ``kdlab.json`` whenever it is reused. One process at a time builds a model
+    (``kdlab.atomic.locked``); the others wait and reuse its copy.
     """
 
     def __init__(self, root: str | Path, shipped_dir: Path | None = SHIPPED_DIR):

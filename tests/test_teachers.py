@@ -189,3 +189,22 @@ def test_model_table_evaluates_a_model_once_per_weights_and_eval_settings(tmp_pa
     assert len(calls) == 3
     teachers.model_table(profile, {"x": ckpt}, cache_root=None)  # no cache: always evaluates
     assert len(calls) == 4
+
+
+SHIPPED_CAP_BYTES = 20_000_000  # issue 20: all shipped checkpoints together at most 20 MB
+
+
+def test_shipped_checkpoints_match_their_manifest_and_fit_the_cap():
+    """Every shipped checkpoint is listed in the manifest with its packed weights' hash (the hash
+    of the plain bytes), nothing unlisted is shipped, and the folder stays within its cap."""
+    from kdlab.models import SHIPPED_DIR, weights_file
+
+    manifest = json.loads((SHIPPED_DIR / SHIPPED_MANIFEST).read_text())
+    dirs = sorted(p.name for p in SHIPPED_DIR.iterdir() if p.is_dir())
+    assert dirs == sorted(manifest)
+    for name, sha in manifest.items():
+        weights, got = weights_file(SHIPPED_DIR / name)
+        assert weights.name == PACKED_WEIGHTS and got == sha, name
+        assert checkpoint_meta(SHIPPED_DIR / name)["sha256"] == sha
+    total = sum(f.stat().st_size for f in SHIPPED_DIR.rglob("*") if f.is_file())
+    assert total <= SHIPPED_CAP_BYTES, f"checkpoints/ holds {total} bytes"

@@ -224,6 +224,9 @@ def test_two_studies_building_the_same_models_at_once_end_with_one_good_copy(tmp
     for name, proc in procs.items():
         assert proc.wait(timeout=1200) == 0, (tmp_path / f"{name}.log").read_text()
     assert sorted(trained.read_text().split()) == ["student", "teacher-countdown-3", "train", "train"]  # once each
+    said = [line for name in procs for line in (tmp_path / f"{name}.log").read_text().splitlines()
+            if line.startswith("models: 2 neither shipped nor cached, trained first: student-")]
+    assert said and "teacher-countdown-3-" in said[0] and "steps)" in said[0]  # announced before the build
     store = outputs / "models"
     models = [p for p in store.iterdir() if not (p.name.startswith(".") and p.name.endswith(".lock"))]
     assert sorted(p.name.rsplit("-", 1)[0] for p in models) == ["student", "teacher-countdown-3"]  # nothing else

@@ -1,6 +1,7 @@
 """Model store: caching by config hash, resumable training equal to uninterrupted, shipped checkpoints."""
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -208,3 +209,22 @@ def test_shipped_checkpoints_match_their_manifest_and_fit_the_cap():
         assert checkpoint_meta(SHIPPED_DIR / name)["sha256"] == sha
     total = sum(f.stat().st_size for f in SHIPPED_DIR.rglob("*") if f.is_file())
     assert total <= SHIPPED_CAP_BYTES, f"checkpoints/ holds {total} bytes"
+
+
+def test_models_to_train_names_what_is_neither_shipped_nor_cached(tmp_path):
+    from kdlab.config import load_profile
+    from kdlab.teachers import models_to_train
+
+    params = Path(__file__).resolve().parents[1] / "params"
+    assert models_to_train(load_profile(params / "quick.yaml"), tmp_path) == []  # all shipped
+    # One task only: the student base learns another mixture, so it is a new model (3000 steps);
+    # the rules-mc teacher is the shipped one.
+    one = models_to_train(load_profile(params / "quick.yaml", {"grid.tasks": ["rules-mc"]}), tmp_path)
+    assert len(one) == 1 and one[0].startswith("student-") and one[0].endswith(" (3000 steps)")
+    tiny = load_profile(params / "tiny.yaml")
+    todo = models_to_train(tiny, tmp_path)
+    assert sorted(t.split("-")[0] for t in todo) == ["student", "teacher"]
+    for entry in todo:  # a cached copy counts as built
+        (tmp_path / entry.split(" ")[0]).mkdir()
+        (tmp_path / entry.split(" ")[0] / "config.json").write_text("{}")
+    assert models_to_train(tiny, tmp_path) == []

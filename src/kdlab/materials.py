@@ -174,6 +174,16 @@ def describe(profile: Profile, paths: dict[str, Path], task: str) -> dict[str, A
             "model_kind": "pretrained" if is_real(profile) else "toy"}
 
 
+def models_to_train(profile: Profile, root: str | Path) -> list[str]:
+    """The toy models a study of ``profile`` would train first (neither cached nor shipped), each
+    named with its steps; empty for a real profile (its checkpoints are imported, not trained)."""
+    if is_real(profile):
+        return []
+    from .teachers import models_to_train as toy_models_to_train
+
+    return toy_models_to_train(profile, root)
+
+
 def check_models(profile: Profile, root: str | Path, params: str = "PROFILE") -> None:
     """Refuse (``kdlab.faults.CorruptCheckpoint``), before any work and writing nothing, a model of
     the profile whose weights do not match the hash recorded for them: a toy model's cached or

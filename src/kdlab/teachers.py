@@ -231,6 +231,19 @@ def check_models(profile: Profile, root: str | Path, params: str = "PROFILE") ->
             store.shipped(path.name, params)
 
 
+def models_to_train(profile: Profile, root: str | Path) -> list[str]:
+    """The profile's models that are neither cached under ``root`` nor shipped, each as
+    "<name> (<steps> steps)": what ``model_paths`` would train. Checks no hash."""
+    store = ModelStore(root, shipped_dir=SHIPPED_DIR)
+    manifest = shipped_manifest(SHIPPED_DIR)
+    out = []
+    for role, spec, pre, mix in _recipes(profile):
+        path = store.path(role, model_key(role, spec, pre, mix, profile.trace))
+        if not (path / "config.json").exists() and path.name not in manifest:
+            out.append(f"{path.name} ({pre.steps} steps)")
+    return out
+
+
 def capacity_paths(profile: Profile, root: str | Path, progress: bool = True) -> dict[str, Path]:
     """The capacity check, {task: checkpoint dir}: the *student's* architecture trained with each
     teacher's recipe (the teacher's schedule and mixture: the probes plus that target task).

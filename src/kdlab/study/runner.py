@@ -35,7 +35,7 @@ from typing import Any
 
 from ..config import ConfigError, Profile, companion_profile, load_profile
 from ..followups import rlvr_starts, students_to_save, style_cells
-from ..materials import check_models
+from ..materials import check_models, models_to_train
 from ..atomic import write_json_atomic, write_text_atomic
 from ..preflight import check_profile
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
@@ -210,6 +210,10 @@ def _build_models(ctx: Context, profile: Profile, starts: list, outputs: Path) -
         _say("models: reusing the built models (models.json)")
         return None
     teachers_dir = ctx.study_dir / "teachers"
+    if train := models_to_train(profile, outputs / "models"):
+        # A changed recipe key (e.g. --set grid.tasks=[...] changes the student base's mixture)
+        # means hours of training on a CPU: say so before it starts.
+        _say(f"models: {len(train)} neither shipped nor cached, trained first: {', '.join(train)}")
     _say(f"models: building or loading them ({teachers_dir / TEACHERS_NB})")
     teachers_dir.mkdir(exist_ok=True)
     k0 = ctx.kernels[0]

@@ -169,9 +169,8 @@ def test_a_corrupt_shipped_model_is_refused_with_the_command_that_restores_it(tm
     # The shipped folder holds more than one countdown-3 teacher (the beyond search companion's
     # too): corrupt the one the quick profile uses, named the way the model store names it.
     profile = load_profile(quick)
-    role, spec, pre, mix = next(r for r in teachers._recipes(profile) if r[0] == "teacher-countdown-3")
-    name = teachers.ModelStore(tmp_path).path(role, teachers.model_key(role, spec, pre, mix, profile.trace)).name
-    teacher = shipped / name
+    path = next(p for role, *_, p in teachers._planned(profile, teachers.ModelStore(tmp_path)) if role == "teacher-countdown-3")
+    teacher = shipped / path.name
     recorded = json.loads((shipped / "MANIFEST.json").read_text())[teacher.name]
     _flip_a_byte(teacher / "model.safetensors.xz")  # shipped weights are packed (xz, with its own check)
     rc = main(["--outputs", str(tmp_path / "out"), "study", str(quick)])

@@ -202,9 +202,7 @@ def model_paths(profile: Profile, root: str | Path, progress: bool = True, train
     checkpoints shipped in the repository and trains them."""
     store = ModelStore(root, shipped_dir=None if rebuild else SHIPPED_DIR)
     out: dict[str, Path] = {}
-    for role, spec, pre, mix in _recipes(profile):
-        key = model_key(role, spec, pre, mix, profile.trace)
-        path = store.path(role, key)
+    for role, spec, pre, mix, key, path in _planned(profile, store):
         if not (path / "config.json").exists() and not train and not store.install_shipped(path.name, path):
             raise FileNotFoundError(f"model {role} for profile {profile.name!r} is not built at {path}; run `kdlab teachers`")
         out[role.removeprefix("teacher-")] = store.get_or_train(role, key, spec, pre, mix, progress=progress)
@@ -219,12 +217,18 @@ def _recipes(profile: Profile) -> list[tuple[str, ModelSpec, PretrainSpec, list[
     return jobs
 
 
+def _planned(profile: Profile, store: ModelStore):
+    """(role, spec, schedule, mixture, key, directory in ``store``) of each of the profile's models."""
+    for role, spec, pre, mix in _recipes(profile):
+        key = model_key(role, spec, pre, mix, profile.trace)
+        yield role, spec, pre, mix, key, store.path(role, key)
+
+
 def check_models(profile: Profile, root: str | Path, params: str = "PROFILE") -> None:
     """Refuse (``CorruptCheckpoint``), writing nothing, a model of the profile whose weights do
     not match their recorded hash: its cached copy under ``root``, else the shipped one."""
     store = ModelStore(root, shipped_dir=SHIPPED_DIR)
-    for role, spec, pre, mix in _recipes(profile):
-        path = store.path(role, model_key(role, spec, pre, mix, profile.trace))
+    for *_, path in _planned(profile, store):
         if (path / "config.json").exists():
             verify_weights(path, params=params)
         else:
@@ -234,14 +238,9 @@ def check_models(profile: Profile, root: str | Path, params: str = "PROFILE") ->
 def models_to_train(profile: Profile, root: str | Path) -> list[str]:
     """The profile's models that are neither cached under ``root`` nor shipped, each as
     "<name> (<steps> steps)": what ``model_paths`` would train. Checks no hash."""
-    store = ModelStore(root, shipped_dir=SHIPPED_DIR)
     manifest = shipped_manifest(SHIPPED_DIR)
-    out = []
-    for role, spec, pre, mix in _recipes(profile):
-        path = store.path(role, model_key(role, spec, pre, mix, profile.trace))
-        if not (path / "config.json").exists() and path.name not in manifest:
-            out.append(f"{path.name} ({pre.steps} steps)")
-    return out
+    return [f"{path.name} ({pre.steps} steps)" for _, _, pre, _, _, path in _planned(profile, ModelStore(root))
+            if not (path / "config.json").exists() and path.name not in manifest]
 
 
 def capacity_paths(profile: Profile, root: str | Path, progress: bool = True) -> dict[str, Path]:

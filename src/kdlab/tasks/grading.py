@@ -4,39 +4,81 @@ Two graders:
 
 - ``grade_choice`` maps a free-text completion for a multiple-choice question (MedQA-style,
   options keyed by letters) to one option letter and compares it with the reference letter.
-- ``grade_math`` extracts the final answer of a maths completion (last ``\\boxed{...}``, else a
-  final "answer is X") and decides whether it is equivalent to a LaTeX reference answer:
-  string normalisation first (units, thousands separators, ``\\dfrac``, ``x=``, ...), then
-  Hugging Face's ``math-verify`` (the grader of lighteval, TRL and open-r1) on the raw and the
-  normalised answers. Numerals in another base and word answers compare as strings only; a
-  bare list never equals a tuple or an interval.
+- ``grade_math`` extracts the final answer of a maths completion and decides whether it is
+  equivalent to a LaTeX reference answer, with Hugging Face's ``math-verify`` (the grader of
+  lighteval, TRL and open-r1): its extraction (``parse`` with ``LatexExtractionConfig`` /
+  ``ExprExtractionConfig``), its LaTeX normalisation (inside ``parse``), its comparison
+  (``verify``) and its timeouts (``parsing_timeout`` / ``timeout_seconds``).
 
-Both graders return ``False`` whenever nothing can be extracted or a step fails; math-verify
-runs under a wall-clock guard (SIGALRM, main thread only) plus static limits on expression
-size, big exponents and factorials, so a hostile completion cannot hang an evaluation loop.
+What is written here is only what math-verify does not do, each with its reason where it is
+used: the multiple-choice extractor (math-verify's ``StringExtractionConfig`` finds a bare
+letter but cannot match an option's text, flag "B or C", or read "(C)" or ``\\boxed{C}``);
+the last ``\\boxed{}`` wins (math-verify reads nearby boxes as one set); a bare list never equals
+a tuple or an interval, and numerals in another base compare as strings (math-verify reads
+``52_8`` as 52); static size limits (a signal cannot stop one long big-integer operation, and
+math-verify has no timeout off the main thread).
+
+Both graders return ``False`` whenever nothing can be extracted or a step fails.
 """
 from __future__ import annotations
 
 import logging
 import re
-import signal
 import threading
 import unicodedata
-from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = [
     "extract_choice",
     "grade_choice",
     "extract_math_answer",
-    "normalise_math_answer",
     "math_equivalent",
     "grade_math",
 ]
 
 # --------------------------------------------------------------------------------------------
-# Multiple choice
+# Boxed answers
+# --------------------------------------------------------------------------------------------
+
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+
+
+def _box_content(segment: str) -> str | None:
+    """Content of the ``\\boxed{...}`` / ``\\fbox{...}`` (or ``\\boxed x``) that ``segment`` starts
+    with; None when its brace never closes.
+
+    The brace matching is latex2sympy2's (math-verify's normaliser), ``extract_boxed_content``,
+    which returns the rest of the text unchanged when the brace does not close. An unbraced
+    argument (``\\boxed 5``) is read up to the next space or ``$`` here: the library would take
+    the rest of the text."""
+    from latex2sympy2_extended.math_normalization import extract_boxed_content
+
+    rest = segment[_BOX_RE.match(segment).end():].lstrip()
+    if rest.startswith("{"):
+        content = extract_boxed_content(segment, mode="last")
+        return None if content == rest else content
+    token = re.match(r"[^\s$]+", rest)
+    return token.group(0) if token else None
+
+
+def _boxes(text: str) -> list[tuple[int, str]]:
+    """(position, content) of every closed box of ``text``, in order. Each box is read from its
+    own segment (up to the next box), so the work stays linear in the text length."""
+    starts = [m.start() for m in _BOX_RE.finditer(text)]
+    out = []
+    for pos, end in zip(starts, starts[1:] + [len(text)]):
+        content = _box_content(text[pos:end])
+        if content is not None:
+            out.append((pos, content))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Multiple choice. Kept by hand: math-verify's StringExtractionConfig takes the last bare letter
+# after "answer" (so "the answer is not A" gives A), cannot read "(C)", "(c)" or \boxed{C}, cannot
+# match an option's text ("D-dimer", "C. difficile colitis" is option E) and has no notion of an
+# ambiguous "B or C"; on the MedQA formats of tests/test_grading.py it misgrades 13 of 30 cases.
 # --------------------------------------------------------------------------------------------
 
 _AMBIGUOUS = "?"  # an explicit statement naming several letters
@@ -146,70 +188,6 @@ def _parse_span(span: str, letters: dict[str, str], norm_options: dict[str, str]
     return None
 
 
-def _read_group(text: str, start: int) -> tuple[str, int] | None:
-    """Content of the brace group opening at ``text[start] == '{'`` and the index after it.
-
-    Escaped braces (``\\{``, ``\\}``) do not count. None when the group is not closed.
-    """
-    if start >= len(text) or text[start] != "{":
-        return None
-    depth = 0
-    i = start
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-        i += 1
-    return None
-
-
-def _brace_pairs(text: str) -> dict[int, int]:
-    """Index of each '{' -> index of its matching '}' (escaped braces ignored), in one pass."""
-    pairs: dict[int, int] = {}
-    stack: list[int] = []
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "{":
-            stack.append(i)
-        elif c == "}" and stack:
-            pairs[stack.pop()] = i
-        i += 1
-    return pairs
-
-
-def _boxed_spans(text: str) -> list[tuple[int, str]]:
-    """(position, content) of every brace-balanced ``\\boxed{...}``/``\\fbox{...}`` (or
-    ``\\boxed x``), in order. Linear in the text length (degenerate repetitions stay cheap)."""
-    out = []
-    pairs: dict[int, int] | None = None
-    for m in _BOXED_RE.finditer(text):
-        j = m.end()
-        while j < len(text) and text[j] == " ":
-            j += 1
-        if j < len(text) and text[j] == "{":
-            if pairs is None:
-                pairs = _brace_pairs(text)
-            close = pairs.get(j)
-            if close is not None:
-                out.append((m.start(), text[j + 1 : close]))
-        elif j > m.end():
-            tok = re.match(r"[^\s$]+", text[j:])
-            if tok:
-                out.append((m.start(), tok.group(0)))
-    return out
-
-
 def extract_choice(completion: str, options: dict[str, str]) -> str | None:
     """The option key a completion commits to, or None when nothing unambiguous is found.
 
@@ -242,7 +220,7 @@ def extract_choice(completion: str, options: dict[str, str]) -> str | None:
         key = letters.get(letter.upper())
         if key is not None:
             found.append((m.start(), key))
-    for pos, content in _boxed_spans(completion):
+    for pos, content in _boxes(completion):
         key = _parse_span(content, letters, norm_options)
         if key is not None:
             found.append((pos, key))
@@ -301,221 +279,27 @@ def grade_choice(completion: str, options: dict[str, str], answer_idx: str) -> b
 
 
 # --------------------------------------------------------------------------------------------
-# Maths: extraction
+# Maths: math-verify's extraction, normalisation, comparison and timeouts
 # --------------------------------------------------------------------------------------------
-
-_MATH_CUE_RE = re.compile(r"answer\s*(?:is|:)\s*:?\s*", re.IGNORECASE)
-
-
-def _math_segment(text: str) -> str:
-    """First ``$...$``/``$$...$$``/``\\(...\\)`` segment at the start of ``text``, else the text
-    up to the first sentence-ending period (a '.' followed by whitespace or the end)."""
-    text = text.strip()
-    for open_, close in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
-        if text.startswith(open_):
-            i = len(open_)
-            while i < len(text):
-                if text.startswith(close, i):
-                    return text[len(open_) : i]
-                i += 2 if text[i] == "\\" else 1  # skip escapes such as \$
-            return text[len(open_) :]
-    m = re.search(r"\.(?=\s|$)", text)
-    return text[: m.start()] if m else text
-
-
-def extract_math_answer(completion: str) -> str | None:
-    """The final answer of a maths completion as raw LaTeX, or None.
-
-    The last brace-balanced ``\\boxed{...}``/``\\fbox{...}`` wins; failing that, what follows
-    the last "answer is"/"Answer:" on its line (a leading ``$...$`` segment, or the text up to
-    the end of the sentence).
-    """
-    if not isinstance(completion, str):
-        raise ValueError(f"completion must be a str, got {completion!r}")
-    boxed = _boxed_spans(completion)
-    if boxed:
-        content = boxed[-1][1].strip()
-        return content or None
-    matches = list(_MATH_CUE_RE.finditer(completion))
-    if not matches:
-        return None
-    start = matches[-1].end()
-    end = completion.find("\n", start)
-    segment = _math_segment(completion[start : end if end >= 0 else len(completion)]).strip()
-    return segment or None
-
-
-# --------------------------------------------------------------------------------------------
-# Maths: string normalisation
-# --------------------------------------------------------------------------------------------
-
-_UNIT_WORDS = (
-    "degrees|degree|cm|centimeters|centimetres|meters|metres|km|mm|inches|inch|feet|"
-    "foot|ft|yards|yd|miles|units|unit|sq|square|cents|cent|dollars|dollar|hours|hour|hrs|"
-    "minutes|minute|min|seconds|second|sec|days|day|weeks|years|mph|pounds|lbs|ounces|oz|"
-    "grams|kg|liters|litres|ml|people|students|ways|points|percent"
-)
-_TRAILING_UNIT_RE = re.compile(r"(?<=\S)\s*\\text\{[^{}]*\}(?:\^\{?\d\}?)?\s*$")
-_PLAIN_UNIT_RE = re.compile(
-    r"^([-+0-9.,/\s]*[0-9])\s*(?:" + _UNIT_WORDS + r")(?:\^\{?\d\}?)?\.?$", re.IGNORECASE
-)
-_THOUSANDS_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-
-
-def _brace_command_args(s: str) -> str:
-    """Rewrite ``\\frac12``, ``\\frac 59``, ``\\frac9{19}``, ``\\sqrt2`` with braced arguments."""
-    out: list[str] = []
-    i = 0
-    cmd_re = re.compile(r"\\(frac|sqrt)(?![a-zA-Z])")
-    while i < len(s):
-        m = cmd_re.match(s, i)
-        if not m:
-            if s[i] == "\\" and i + 1 < len(s):  # keep escapes like \\ or \{ intact
-                out.append(s[i : i + 2])
-                i += 2
-            else:
-                out.append(s[i])
-                i += 1
-            continue
-        name = m.group(1)
-        out.append("\\" + name)
-        j = m.end()
-        if name == "sqrt":
-            k = j
-            while k < len(s) and s[k] == " ":
-                k += 1
-            if k < len(s) and s[k] == "[":
-                close = s.find("]", k)
-                if close < 0:
-                    out.append(s[j:])
-                    return "".join(out)
-                out.append(s[k : close + 1])
-                j = close + 1
-        for _ in range(2 if name == "frac" else 1):
-            while j < len(s) and s[j] == " ":
-                j += 1
-            if j >= len(s):
-                break
-            if s[j] == "{":
-                group = _read_group(s, j)
-                if group is None:
-                    break
-                out.append("{" + _brace_command_args(group[0]) + "}")
-                j = group[1]
-            elif s[j] == "\\":
-                cm = re.match(r"\\[a-zA-Z]+", s[j:])
-                if not cm:
-                    break
-                out.append("{" + cm.group(0) + "}")
-                j += cm.end()
-            else:
-                out.append("{" + s[j] + "}")
-                j += 1
-        i = j
-    return "".join(out)
-
-
-def _unwrap_command(s: str, name: str) -> str:
-    """Replace every ``\\name{X}`` by ``X`` (brace-balanced)."""
-    pattern = re.compile(r"\\" + name + r"\s*(?=\{)")
-    while True:
-        m = pattern.search(s)
-        if not m:
-            return s
-        group = _read_group(s, m.end())
-        if group is None:
-            return s[: m.start()] + s[m.end() :]
-        s = s[: m.start()] + group[0] + s[group[1] :]
-
-
-def normalise_math_answer(answer: str) -> str:
-    """Canonical string form of a LaTeX answer (the string half of ``math_equivalent``).
-
-    Strips ``$``, ``\\left``/``\\right``, thin spaces, degrees, ``\\%``, ``\\$``, trailing unit
-    ``\\text{...}``, trailing '.', whitespace and a leading ``x=``/``x \\in`` assignment;
-    ``\\dfrac``/``\\tfrac`` -> ``\\frac`` with braced arguments; ``1,000`` -> ``1000``;
-    ``(B)`` -> ``B``; word answers are lower-cased.
-    """
-    s = answer.strip()
-    boxed = _boxed_spans(s)
-    if boxed:
-        s = boxed[-1][1].strip()
-    s = unicodedata.normalize("NFKC", s)
-    for a, b in (("−", "-"), ("×", "\\times "), ("·", "\\cdot "), ("π", "\\pi "),
-                 ("°", "^\\circ"), ("∞", "\\infty "), ("≤", "\\le "), ("≥", "\\ge ")):
-        s = s.replace(a, b)
-    s = re.sub(r"^\\\[|\\\]$", "", s.strip())
-    s = s.replace("\\$", "").replace("$", "")
-    s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big)(?![a-zA-Z])\.?", "", s)
-    s = re.sub(r"\\(?:displaystyle|quad|qquad)(?![a-zA-Z])", " ", s)
-    # thin spaces (\! \, \; \: \ ) become spaces; matrix row breaks (\\) are kept
-    s = re.sub(r"\\\\|\\[!,;: ]", lambda m: m.group(0) if m.group(0) == "\\\\" else " ", s)
-    s = s.replace("~", " ")
-    s = re.sub(r"\\[dt]frac(?![a-zA-Z])", r"\\frac", s)
-    s = re.sub(
-        r"\\(?:mbox|textrm|textnormal|textbf|textit|textup|mathrm|mathbf|mathit)(?![a-zA-Z])",
-        r"\\text",
-        s,
-    )
-    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])", "", s)
-    s = s.replace("\\%", "").replace("%", "")
-    s = s.strip()
-    while True:
-        stripped = _TRAILING_UNIT_RE.sub("", s).strip()
-        if stripped == s:
-            break
-        s = stripped
-    s = _unwrap_command(s, "text")
-    s = s.strip().rstrip(".").strip()
-    m = _PLAIN_UNIT_RE.match(s)
-    if m:
-        s = m.group(1)
-    s = _brace_command_args(s)
-    # keep one space between a command and a following letter ("\cot x"), drop all others
-    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\x00", s)
-    s = re.sub(r"\s+", "", s).replace("\x00", " ")
-    s = re.sub(r"([_^])\{(\w)\}", r"\1\2", s)
-    s = re.sub(r"_\{(\w+)\}", r"_\1", s)
-    s = _strip_assignment(s)
-    m = re.fullmatch(r"\(([A-Za-z])\)", s)
-    if m:
-        s = m.group(1)
-    if _THOUSANDS_RE.fullmatch(s):
-        s = s.replace(",", "")
-    if re.fullmatch(r"[A-Za-z]{3,}", s):
-        s = s.lower()
-    return s.rstrip(".")
-
-
-def _strip_assignment(s: str) -> str:
-    """``x=5`` -> ``5``, ``x\\in[-2,7]`` -> ``[-2,7]`` (only a single variable on the left)."""
-    m = re.match(r"^(?:[a-zA-Z]|\\[a-zA-Z]+)(?:_\w+)?(?:=|\\in(?![a-zA-Z]))", s)
-    if m and s.count("=") <= 1 and not s.startswith(("\\frac", "\\sqrt", "\\pi", "\\infty")):
-        rest = s[m.end():]
-        if rest:
-            return rest
-    return s
-
-
-# --------------------------------------------------------------------------------------------
-# Maths: equivalence (math-verify), under a wall-clock guard and static size limits
-# --------------------------------------------------------------------------------------------
-
-class _Timeout(BaseException):
-    """Raised by the SIGALRM guard; a BaseException so library code cannot swallow it."""
-
 
 _MAX_ANSWER_CHARS = 2000  # longest raw answer compared at all (real answers are far shorter)
-_MAX_PARSED_CHARS = 300  # longest normalised answer handed to math-verify / sympy
+_MAX_PARSED_CHARS = 300  # longest answer handed to math-verify / sympy
 _MAX_EXPONENT = 1000  # largest literal exponent or factorial argument
 _MAX_NESTING = 30  # deepest bracket nesting
 _EXPONENT_RE = re.compile(r"\^\s*(?:\{\s*(\d+)\s*\}|(\d+))")
 _FACTORIAL_RE = re.compile(r"(\d+)\s*!")
+_TOWER_RE = re.compile(r"\^\s*\{[^}]*[\^!]")  # a braced exponent holding another power or a factorial
+_BASE_RE = re.compile(r"[0-9A-Za-z]_\{?\d")  # 4210_5: a numeral in another base
+_GROUPED_RE = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")  # 32,348: digits in groups of three
 
 
 def _too_big(s: str) -> bool:
     """True for answers sympy could hang on: long, deeply nested, power towers, exponents or
-    factorial arguments above ``_MAX_EXPONENT`` (also as a product of stacked exponents)."""
+    factorial arguments above ``_MAX_EXPONENT`` (also as a product of exponents stacked on
+    brackets).
+
+    Kept by hand: math-verify's timeouts are SIGALRM, which cannot interrupt one long C-level
+    big-integer operation (``10^{100000000}``) and do not exist off the main thread."""
     if len(s) > _MAX_PARSED_CHARS:
         return True
     depth = deepest = 0
@@ -525,52 +309,25 @@ def _too_big(s: str) -> bool:
             deepest = max(deepest, depth)
         elif c in ")]}":
             depth -= 1
-    if deepest > _MAX_NESTING:
+    if deepest > _MAX_NESTING or _TOWER_RE.search(s):
         return True
-    for m in re.finditer(r"\^\s*\{", s):  # a braced exponent holding another power: a tower
-        group = _read_group(s, s.index("{", m.start()))
-        if group is None or "^" in group[0] or "!" in group[0]:
-            return True
-    total = 1
+    stacked = 1  # product of the exponents of bracketed powers: ((2^{9})^{9})^{9} is 2^{729}
     for m in _EXPONENT_RE.finditer(s):
         e = int(m.group(1) or m.group(2))
         if e > _MAX_EXPONENT:
             return True
-        total *= max(e, 1)
-    if total > 20 * _MAX_EXPONENT:
+        if s[:m.start()].rstrip().endswith((")", "}")):
+            stacked *= max(e, 1)
+    if stacked > 20 * _MAX_EXPONENT:
         return True
     if "!" in s and any(int(m.group(1)) > _MAX_EXPONENT for m in _FACTORIAL_RE.finditer(s)):
         return True
     return bool(re.search(r"\)\s*!|!\s*!", s))  # factorial of an expression, double factorial
 
 
-@contextmanager
-def _time_limit(seconds: float) -> Iterator[None]:
-    """Raise _Timeout after ``seconds`` of wall time (main thread only; otherwise a no-op, and
-    also a no-op when an interval timer is already running, e.g. an outer guard)."""
-    usable = (
-        hasattr(signal, "setitimer")
-        and threading.current_thread() is threading.main_thread()
-        and signal.getitimer(signal.ITIMER_REAL)[0] == 0
-    )
-    if not usable:
-        yield
-        return
-
-    def _raise(signum: int, frame: Any) -> None:
-        raise _Timeout()
-
-    previous = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 class _QuietTimeouts(logging.Filter):
-    """math-verify logs a warning on every call without its own timeout; ours is _time_limit."""
+    """math-verify warns once that its timeout is off; off the main thread that is deliberate
+    (``_timeout``) and the static limits (``_too_big``) stand in."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return "Timeout is disabled" not in record.getMessage()
@@ -585,56 +342,79 @@ def _math_verify() -> Any:
     return math_verify
 
 
-def _parse(latex: str) -> list[Any]:
+def _timeout(seconds: float) -> int | None:
+    """math-verify's timeout argument: whole seconds (it uses ``signal.alarm``) in the main
+    thread, None elsewhere, where a signal cannot be set and math-verify would refuse to run."""
+    main = threading.current_thread() is threading.main_thread()
+    return max(1, round(seconds)) if main else None
+
+
+def _extraction(anchored: bool) -> list[Any]:
+    """math-verify's LaTeX and expression extraction. ``anchored``: only after an answer cue
+    ("answer is", "Answer:", "final answer is ... I hope"), boxes being read by ``_boxes``."""
     mv = _math_verify()
-    config = [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
-    return mv.parse("$" + latex + "$", extraction_config=config, parsing_timeout=None)
+    if anchored:
+        return [mv.LatexExtractionConfig(try_extract_without_anchor=False, boxed_match_priority=-1),
+                mv.ExprExtractionConfig(try_extract_without_anchor=False)]
+    return [mv.LatexExtractionConfig(boxed_match_priority=0), mv.ExprExtractionConfig()]
+
+
+def extract_math_answer(completion: str, time_limit_s: float = 5.0) -> str | None:
+    """The final answer of a maths completion as LaTeX, or None.
+
+    The last brace-balanced ``\\boxed{...}``/``\\fbox{...}`` wins (math-verify would read boxes
+    a few characters apart as one set: a completion that boxes a draft, then its answer, would
+    be graded on both); failing that, math-verify's extraction after an answer cue, as the
+    string it normalised.
+    """
+    if not isinstance(completion, str):
+        raise ValueError(f"completion must be a str, got {completion!r}")
+    boxes = _boxes(completion)
+    if boxes:
+        return boxes[-1][1].strip() or None
+    found = _math_verify().parse(completion, _extraction(anchored=True), parsing_timeout=_timeout(time_limit_s))
+    text = next((x for x in reversed(found) if isinstance(x, str)), "").strip()
+    return text or None
+
+
+def _parse(latex: str, time_limit_s: float) -> list[Any]:
+    return _math_verify().parse("$" + latex + "$", _extraction(anchored=False), parsing_timeout=_timeout(time_limit_s))
 
 
 def _kind(parsed: list[Any]) -> str:
     """'set' (a bare list or ``\\{...\\}``), 'ordered' (tuple, interval) or 'other'."""
-    sp = _sympy()
-    if not parsed or isinstance(parsed[0], str):
-        return "other"
-    x = parsed[0]
-    if isinstance(x, sp.FiniteSet):
+    import sympy
+
+    x = parsed[0] if parsed else None
+    if isinstance(x, sympy.FiniteSet):
         return "set"
-    if isinstance(x, (sp.Tuple, sp.Interval, sp.Union)):
+    if isinstance(x, (sympy.Tuple, sympy.Interval, sympy.Union)):
         return "ordered"
     return "other"
 
 
-@lru_cache(maxsize=1)
-def _sympy() -> Any:
-    import sympy
-
-    return sympy
+def _numeral(s: str) -> str:
+    """A numeral in another base as a plain string (``4210_{5}`` -> ``4210_5``)."""
+    return re.sub(r"_\{(\w+)\}", r"_\1", re.sub(r"[\s$]", "", s))
 
 
-def _verify(prediction: str, reference: str) -> bool:
-    """math-verify's decision (reference as gold); a bare list never equals a tuple or interval."""
-    gold, pred = _parse(reference), _parse(prediction)
-    if not gold or not pred:
-        return False
-    kinds = {_kind(gold), _kind(pred)}
-    if kinds == {"set", "ordered"}:
-        return False
-    return bool(_math_verify().verify(gold, pred, float_rounding=12, timeout_seconds=None))
-
-
-_BASE_RE = re.compile(r"[0-9A-Za-z]_\{?\d")  # 4210_5: a numeral in another base
-_WORD_RE = re.compile(r"[A-Za-z]{3,}")  # a word answer ("east"), not a product of letters
+def _ungrouped(s: str) -> str:
+    """``10, 080`` / ``\\$32,\\!348`` -> ``10080`` / ``32348`` when the whole answer is one number in
+    comma-separated groups of three (spaces allowed after the commas): math-verify reads
+    ``10, 080`` as the list {10, 80}. Any other answer is returned unchanged."""
+    compact = re.sub(r"\\[!,;: ]|\s|\\?\$", "", s)
+    return compact.replace(",", "") if _GROUPED_RE.fullmatch(compact) else s
 
 
 def math_equivalent(prediction: str, reference: str, time_limit_s: float = 5.0) -> bool:
-    """True when two LaTeX answers are equal after normalisation (``normalise_math_answer``) or
-    mathematically equivalent according to ``math-verify`` (Hugging Face's grader, as used by
-    lighteval, TRL and open-r1), tried on the raw and on the normalised answers.
+    """True when math-verify finds two LaTeX answers equivalent (reference as gold), with three
+    rules of its own: a bare list (``2,5``) never equals a tuple or an interval (``(2,5)``;
+    math-verify compares a set with them element by element), numerals in another base
+    (``52_8``) compare as strings (math-verify drops the subscript) and a number written in
+    groups of three is one number (``_ungrouped``).
 
-    Numerals in another base (``52_8``) and words (``east``) must match as strings; a bare list (``2,5``) never
-    equals a tuple or interval (``(2,5)``). ``time_limit_s`` bounds the work (seconds of wall
-    time; enforced with SIGALRM in the main thread; elsewhere only the static size limits
-    apply). Answers longer than 2000 characters, normalised answers sympy could hang on
+    ``time_limit_s`` is math-verify's timeout for each parse and comparison (whole seconds,
+    main thread only). Answers longer than 2000 characters, answers sympy could hang on
     (``_too_big``), any parsing failure and a timeout all give False.
     """
     for name, value in (("prediction", prediction), ("reference", reference)):
@@ -642,22 +422,16 @@ def math_equivalent(prediction: str, reference: str, time_limit_s: float = 5.0) 
             raise ValueError(f"{name} must be a str, got {value!r}")
     if len(prediction) > _MAX_ANSWER_CHARS or len(reference) > _MAX_ANSWER_CHARS:
         return False
-    try:
-        with _time_limit(time_limit_s):
-            a, b = normalise_math_answer(prediction), normalise_math_answer(reference)
-            if not a or not b:
-                return False
-            if a == b:
-                return True
-            if _BASE_RE.search(a) or _BASE_RE.search(b) or _WORD_RE.fullmatch(a) or _WORD_RE.fullmatch(b):
-                return False  # numerals in another base and words compare as strings only
-            if _too_big(a) or _too_big(b):
-                return False
-            if _too_big(prediction.strip()) or _too_big(reference.strip()):
-                return _verify(a, b)
-            return _verify(prediction, reference) or _verify(a, b)
-    except _Timeout:
+    a, b = _ungrouped(prediction.strip()), _ungrouped(reference.strip())
+    if not a or not b or _too_big(a) or _too_big(b):
         return False
+    if _BASE_RE.search(a) or _BASE_RE.search(b):
+        return _numeral(a) == _numeral(b)
+    try:
+        gold, pred = _parse(b, time_limit_s), _parse(a, time_limit_s)
+        if not gold or not pred or {_kind(gold), _kind(pred)} == {"set", "ordered"}:
+            return False
+        return bool(_math_verify().verify(gold, pred, float_rounding=12, timeout_seconds=_timeout(time_limit_s)))
     except Exception:  # includes RecursionError on absurdly nested input
         return False
 

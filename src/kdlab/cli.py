@@ -38,11 +38,12 @@ def _profile(args, models: bool = True):
     on disk checked (``kdlab.preflight``) and, with ``models``, its models' recorded hashes."""
     from .config import ConfigError, load_profile
     from .materials import check_models
-    from .preflight import check_profile
+    from .preflight import check_machine, check_profile
 
     profile = load_profile(args.params, _overrides(args.set))
     try:
         check_profile(profile)
+        check_machine(profile, Path(args.outputs).resolve() / "models")
     except ConfigError as e:
         raise ConfigError(f"{args.params}: {e}") from None
     if models:
@@ -87,9 +88,12 @@ def cmd_teachers(args) -> int:
 
 
 def cmd_distill(args) -> int:
-    from .runs import execute_run, run_config_from
+    from dataclasses import asdict
 
-    from .config import load_profile
+    import torch
+
+    from .config import dropped_values, load_profile
+    from .runs import execute_run, run_config_from
 
     profile = _profile(args)
     # The flags are checked as the same values in a profile would be (one validator for both).
@@ -107,7 +111,17 @@ def cmd_distill(args) -> int:
                           f"add it to grid.tasks to build its teacher")
     cfg = run_config_from(profile, task=args.task, policy=args.policy, lam=args.lam, kl=args.kl, lr=args.lr, seed=args.seed)
     out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "runs" / cfg.run_id
-    metrics = execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models", save_student=args.save_student)
+    dropped = [d for d in dropped_values(profile) if d.startswith("eval.")]  # (the flags pick the one cell)
+    if dropped:
+        print(f"kdlab: note: {'; '.join(dropped)}", file=sys.stderr)
+    try:
+        metrics = execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models",
+                              save_student=args.save_student)
+    except torch.OutOfMemoryError as e:
+        from .faults import KdlabError
+        from .gpu_faults import oom_remedy
+
+        raise KdlabError(f"run {cfg.run_id}: {' '.join(str(e).split())[:200]}; {oom_remedy(asdict(cfg))}") from None
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=2))
     if metrics["collapsed"]:
         print(f"kdlab: run {cfg.run_id} collapsed at step {metrics['collapse_step']} (a non-finite loss or weight); "

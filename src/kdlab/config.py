@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ class _Loader(yaml.SafeLoader):
 
 _Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
                                    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", __import__("re").compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
                               list("tTfF"))
 
 
@@ -49,15 +50,33 @@ class ConfigError(ValueError):
     """A parameter file or override is invalid; the message names the key and the value."""
 
 
+# Upper bounds of sizes, one per kind of size, each with its reason: a larger value has no sensible
+# meaning in a study (a typo or a unit slip, such as --set distill.steps=100000000) and is refused
+# before any work. A field names its kind with ``bound=``.
+BOUNDS: dict[str, tuple[int, str]] = {
+    "steps": (100_000, "optimisation steps: the paper distils for 150 and runs GRPO for 300; kdlab's longest "
+                       "recipe, the 8,000-step countdown-3 teacher, takes three hours on a CPU"),
+    "batch": (4_096, "rows per optimisation step: the paper uses 32 prompts, kdlab's pretraining 64; 4,096 rollouts "
+                     "of the paper's 2,000-token traces do not fit in one GPU's memory"),
+    "tokens": (32_768, "tokens in one prompt or response: the paper's traces are at most 2,000 tokens and the "
+                       "longest context of the models it studies (Qwen2.5) is 32,768"),
+    "problems": (100_000, "problems or rollouts: twenty times the 5,000 training problems a run draws from "
+                          "(kdlab.runs.TRAIN_POOL) and far beyond any test set kdlab reads"),
+    "samples": (1_024, "samples per problem: the paper's coverage is pass@10 from 16 samples"),
+}
+
+
 def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, lo: float | None = None,
-       hi: float | None = None, factory: Any = None, doc: str = "", lo_open: bool = False):
-    meta = {"choices": choices, "lo": lo, "hi": hi, "doc": doc, "lo_open": lo_open}
+       hi: float | None = None, factory: Any = None, doc: str = "", lo_open: bool = False, bound: str | None = None):
+    assert bound is None or bound in BOUNDS, bound
+    meta = {"choices": choices, "lo": lo, "hi": hi, "doc": doc, "lo_open": lo_open, "bound": bound}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
 
 
 KL_KINDS = LOSS_KINDS
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # pretrained.device; a GPU asked for must exist (kdlab.preflight)
 POLICIES = ("off", "on")
 
 
@@ -71,10 +90,10 @@ class ModelSpec:
 @dataclass
 class PretrainSpec:
     """Supervised training of a student base or a teacher (see kdlab.train)."""
-    steps: int = _f(2000, lo=1)
-    batch_size: int = _f(64, lo=1)
+    steps: int = _f(2000, lo=1, bound="steps")
+    batch_size: int = _f(64, lo=1, bound="batch")
     lr: float = _f(1e-3, lo=0.0, lo_open=True, hi=1.0)
-    warmup: int = _f(100, lo=0)
+    warmup: int = _f(100, lo=0, bound="steps")
     probe_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each probe skill")
     task_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each target task")
     seed: int = _f(0, lo=0)
@@ -89,8 +108,8 @@ class PretrainSpec:
 class DistillSpec:
     """Distillation runs (kdlab.distill). The paper's training details and where kdlab's defaults
     differ from them: docs/calibration.md section 15; params/paper*.yaml set the paper's values."""
-    steps: int = _f(150, lo=1)
-    batch_size: int = _f(32, lo=1, doc="prompts per optimisation step (one rollout each; the paper: 32)")
+    steps: int = _f(150, lo=1, bound="steps")
+    batch_size: int = _f(32, lo=1, bound="batch", doc="prompts per optimisation step (one rollout each; the paper: 32)")
     temperature: float = _f(1.0, lo=1e-3, hi=10.0, doc="rollout sampling temperature of a model whose own "
                             "temperature (teacher_temperature / student_temperature) is null")
     teacher_temperature: float | None = _f(None, lo=1e-3, hi=10.0, doc="the teacher's temperature in sampling "
@@ -111,19 +130,19 @@ class DistillSpec:
                                 doc="the KL a sampled estimator (k1/k2/k3/sf) targets")
     logratio_clip: float | None = _f(5.0, lo=0.0)
     plausibility_alpha: float | None = _f(0.1, lo=0.0, hi=1.0)
-    offpd_pool: int = _f(2048, lo=1, doc="teacher rollouts sampled once and reused (OffPD)")
-    warmup: int = _f(0, lo=0, doc="learning-rate schedule: linear warm-up over this many steps, then constant "
+    offpd_pool: int = _f(2048, lo=1, bound="problems", doc="teacher rollouts sampled once and reused (OffPD)")
+    warmup: int = _f(0, lo=0, bound="steps", doc="learning-rate schedule: linear warm-up over this many steps, then constant "
                      "(the paper: 10)")
     weight_decay: float = _f(0.0, lo=0.0)
 
 
 @dataclass
 class EvalSpec:
-    n_test: int = _f(200, lo=1, doc="held-out problems per target task")
-    n_probe: int = _f(100, lo=1, doc="held-out problems per probe skill")
-    pass_n: int = _f(16, lo=1, doc="samples per problem for pass@k")
-    pass_problems: int = _f(50, lo=1, doc="problems used for pass@k")
-    pass_ks: list[int] = _f(factory=lambda: [1, 10], lo=1,
+    n_test: int = _f(200, lo=1, bound="problems", doc="held-out problems per target task")
+    n_probe: int = _f(100, lo=1, bound="problems", doc="held-out problems per probe skill")
+    pass_n: int = _f(16, lo=1, bound="samples", doc="samples per problem for pass@k")
+    pass_problems: int = _f(50, lo=1, bound="problems", doc="problems used for pass@k")
+    pass_ks: list[int] = _f(factory=lambda: [1, 10], lo=1, bound="samples",
                             doc="the k of the recorded pass@k (pass_at_<k>); those above pass_n are skipped")
     temperature: float = _f(1.0, lo=1e-3, hi=10.0)
     harder: list[str] = _f(factory=list, doc="harder variants evaluated too (e.g. countdown-4e)")
@@ -149,21 +168,21 @@ class RLVRSpec:
     starts: list[str] = _f(factory=lambda: ["base", "off/forward/0", "off/reverse/0", "on/forward/0", "on/reverse/0"],
                            doc="'base' or policy/kl/lr-index of distilled runs (first grid task, first seed); "
                                "the study runner saves those runs' students and starts GRPO from each")
-    steps: int = _f(300, lo=1)
-    prompts_per_step: int = _f(16, lo=1)
-    group_size: int = _f(8, lo=2)
+    steps: int = _f(300, lo=1, bound="steps")
+    prompts_per_step: int = _f(16, lo=1, bound="batch")
+    group_size: int = _f(8, lo=2, bound="samples")
     lr: float = _f(1e-5, lo=0.0, lo_open=True, hi=1.0)
     clip_eps: float = _f(0.2, lo=1e-3, hi=1.0)
     kl_coef: float = _f(0.0, lo=0.0)
     temperature: float = _f(1.0, lo=1e-3, hi=10.0)
-    inner_epochs: int = _f(1, lo=1)
+    inner_epochs: int = _f(1, lo=1, bound="steps")
     dtype: str = _f("bf16", choices=DTYPES)
     grad_clip: float | None = _f(1.0, lo=0.0)
-    eval_every: int = _f(25, lo=0)
-    n_eval: int = _f(200, lo=1)
-    collapse_window: int = _f(20, lo=1)
+    eval_every: int = _f(25, lo=0, bound="steps")
+    n_eval: int = _f(200, lo=1, bound="problems")
+    collapse_window: int = _f(20, lo=1, bound="steps")
     collapse_drop: float = _f(0.2, lo=0.0, hi=1.0)
-    seeds: list[int] = _f(factory=lambda: [0])
+    seeds: list[int] = _f(factory=lambda: [0], lo=0)
 
 
 @dataclass
@@ -172,9 +191,9 @@ class StyleSpec:
     enabled: bool = _f(False)
     task: str = _f("countdown-3", choices=("countdown-3", "countdown-4", "countdown-4e"))
     alt_share: float = _f(0.5, lo=0.01, hi=0.99, doc="share of the style teacher's task weight on the instructed style")
-    teacher_steps: int = _f(0, lo=0, doc="training steps of the style teacher; 0 = those of the task teacher "
+    teacher_steps: int = _f(0, lo=0, bound="steps", doc="training steps of the style teacher; 0 = those of the task teacher "
                             "of style.task (its adoption rate, not its accuracy, is what the runs need)")
-    n_test: int = _f(200, lo=1)
+    n_test: int = _f(200, lo=1, bound="problems")
     policies: list[str] = _f(factory=lambda: ["off", "on"], choices=("off", "on"))
     kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=KL_KINDS)
     lrs: list[float] = _f(factory=list, doc="learning rates of the style runs; [] = the grid's first (low) rate")
@@ -192,8 +211,8 @@ class BenchmarkSpec:
     kind: str = _f("choice", choices=REAL_KINDS)
     path: str = _f("", doc="local .jsonl / .json / .parquet file")
     name: str = _f("", doc="benchmark name; '' = the file stem")
-    limit: int = _f(0, lo=0, doc="read only the first N rows; 0 = all")
-    max_new_tokens: int = _f(2048, lo=1)
+    limit: int = _f(0, lo=0, bound="problems", doc="read only the first N rows; 0 = all")
+    max_new_tokens: int = _f(2048, lo=1, bound="tokens")
 
 
 @dataclass
@@ -206,17 +225,17 @@ class PretrainedTaskSpec:
     test: str = _f("", doc="held-out evaluation file (all rows); '' = the train file's 'test' split")
     teacher: str = _f("", doc="local HF checkpoint directory of this task's teacher, or 'sft' (built by kdlab: "
                       "pretrained.teacher_sft on the student's base)")
-    max_new_tokens: int = _f(2048, lo=1)
+    max_new_tokens: int = _f(2048, lo=1, bound="tokens")
 
 
 @dataclass
 class SFTSpec:
     """Supervised fine-tuning of a real base on its tasks' reference solutions (kdlab.recipes)."""
-    steps: int = _f(0, lo=0, doc="0 = no fine-tuning")
-    batch_size: int = _f(16, lo=1)
+    steps: int = _f(0, lo=0, bound="steps", doc="0 = no fine-tuning")
+    batch_size: int = _f(16, lo=1, bound="batch")
     lr: float = _f(1e-4, lo=0.0, lo_open=True, hi=1.0)
-    warmup: int = _f(10, lo=0)
-    micro_batch_size: int = _f(0, lo=0, doc="rows per forward/backward; 0 = the whole batch")
+    warmup: int = _f(10, lo=0, bound="steps")
+    micro_batch_size: int = _f(0, lo=0, bound="batch", doc="rows per forward/backward; 0 = the whole batch")
     seed: int = _f(0, lo=0)
     probes: float = _f(0.0, lo=0.0, hi=0.9, doc="share of each batch drawn from the seven probe skills in natural "
                        "language (their train split), so the forgetting set starts above its floor, as the toy "
@@ -236,12 +255,14 @@ class PretrainedSpec:
     benchmarks: list[BenchmarkSpec] = _f(factory=list, doc="forgetting: out-of-distribution evaluation files")
     probes: bool = _f(False, doc="forgetting: also the seven probe skills asked in natural language "
                       "(kdlab.tasks.probes.NaturalProbe)")
-    n_benchmark: int = _f(0, lo=0, doc="problems per benchmark; 0 = all")
-    device: str = _f("auto", choices=("auto", "cpu", "cuda"))
+    n_benchmark: int = _f(0, lo=0, bound="problems", doc="problems per benchmark; 0 = all")
+    device: str = _f("auto", doc="auto (a GPU when one is visible), cpu, cuda or cuda:N; a GPU asked for must exist "
+                     "(kdlab.preflight)")
     gradient_checkpointing: bool = _f(True)
-    micro_batch_size: int = _f(0, lo=0, doc="rows per forward/backward (gradient accumulation); 0 = whole batch")
+    micro_batch_size: int = _f(0, lo=0, bound="batch", doc="rows per forward/backward (gradient accumulation); "
+                               "0 = whole batch")
     kl_chunk_size: int = _f(0, lo=0, doc="chunked full-vocabulary KL (kdlab.kl); 0 = off")
-    max_prompt_tokens: int = _f(1024, lo=1, doc="longer prompts are an error, not truncated")
+    max_prompt_tokens: int = _f(1024, lo=1, bound="tokens", doc="longer prompts are an error, not truncated")
     teacher_system_prompt: str = _f("", doc="style experiment: a system prompt only the teacher sees")
     ray_address: str = _f("", doc="run the grid on this Ray cluster ('auto', 'host:port'); '' = local workers")
     gpus_per_run: float = _f(1.0, lo=0.0, doc="GPUs per run on Ray (0 on a CPU-only cluster regardless)")
@@ -356,6 +377,15 @@ def _check_range(key: str, value: Any, meta: Any) -> None:
             raise ConfigError(f"{key}: {v!r} is below the minimum {meta['lo']}")
         if meta.get("hi") is not None and v > meta["hi"]:
             raise ConfigError(f"{key}: {v!r} is above the maximum {meta['hi']}")
+        if meta.get("bound") is not None:
+            _check_bound(key, v, meta["bound"])
+
+
+def _check_bound(key: str, value: Any, kind: str) -> None:
+    """``ConfigError`` when ``value`` is above the bound of its kind of size (``BOUNDS``)."""
+    top, why = BOUNDS[kind]
+    if value > top:
+        raise ConfigError(f"{key}: {value!r} is above the bound {top:,} ({why})")
 
 
 def validate_profile(p: Profile) -> Profile:
@@ -366,6 +396,9 @@ def validate_profile(p: Profile) -> Profile:
         if size not in PRESETS:
             raise ConfigError(f"{role}.size: {size!r} is not a valid choice; choose from {sorted(PRESETS)}")
     pre = p.pretrained
+    if not DEVICE.fullmatch(pre.device):
+        raise ConfigError(f"pretrained.device: {pre.device!r} is not a device; choose auto, cpu, cuda or cuda:N "
+                          "(N: a GPU index, from 0)")
     if pre.student:
         names = [t.name for t in pre.tasks]
         if not names or len(set(names)) != len(names) or "" in names:
@@ -406,6 +439,7 @@ def validate_profile(p: Profile) -> Profile:
             raise ConfigError(f"teacher_pretrain.task_steps: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise ConfigError(f"teacher_pretrain.task_steps.{t}: {n!r} must be an integer >= 1")
+        _check_bound(f"teacher_pretrain.task_steps.{t}", n, "steps")
     for t in p.grid.tasks + p.grid.lambda_tasks + p.eval.harder:
         if t not in valid:
             raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {valid}")
@@ -488,8 +522,6 @@ def companion_profile(profile: Profile, suffix: str) -> Profile:
     companion's overrides (nested mappings, validated like a profile), named
     ``<profile.name>-<suffix>``, running the main grid only (no RLVR, style, lambda spectrum or
     companions of its own)."""
-    import re
-
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", suffix):
         raise ConfigError(f"companions: {suffix!r} must be a plain name (letters, digits, '_', '.', '-')")
     over = profile.companions[suffix]
@@ -515,8 +547,17 @@ def read_profile_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[st
     path = Path(path)
     if not path.exists():
         raise ConfigError(f"parameter file {path} does not exist")
+    if path.is_dir():
+        raise ConfigError(f"parameter file {path} is a directory; give a profile file in it, such as "
+                          f"{path / 'quick.yaml'}")
     try:
-        data = read_yaml(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"parameter file {path} cannot be read ({e.strerror or e}); check its permissions") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"parameter file {path} is not UTF-8 text (byte {e.start}); give a YAML profile") from None
+    try:
+        data = read_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if data is None:
@@ -531,9 +572,11 @@ def read_profile_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[st
     parent_path = (path.parent / parent).resolve()
     if parent_path in _seen or parent_path == path.resolve():
         raise ConfigError(f"{path}: extends: {parent!r} makes a cycle ({' -> '.join(str(p) for p in (*_seen, parent_path))})")
-    if not parent_path.exists():
-        raise ConfigError(f"{path}: extends: {parent!r}: parameter file {parent_path} does not exist")
-    return _deep_merge(read_profile_data(parent_path, (*_seen, path.resolve())), data)
+    try:
+        base = read_profile_data(parent_path, (*_seen, path.resolve()))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: extends: {parent!r}: {e}") from None
+    return _deep_merge(base, data)
 
 
 def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> Profile:
@@ -553,6 +596,34 @@ def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> P
         return validate_profile(from_dict(Profile, data))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
+
+
+def dropped_values(p: Profile) -> list[str]:
+    """What the study drops or collapses from the profile as written, one phrase each: a value a
+    list names twice (its runs or evaluations happen once) and the ``eval.pass_ks`` above
+    ``eval.pass_n`` (no pass@k is recorded for them). The profile stays valid; the study says it."""
+    out = []
+    for key, values in _lists(p):
+        twice = list(dict.fromkeys(values[values.index(v)] for i, v in enumerate(values) if v in values[:i]))
+        if twice:
+            out.append(f"{key} lists {', '.join(repr(v) for v in twice)} more than once (done once)")
+    above = [k for k in dict.fromkeys(p.eval.pass_ks) if k > p.eval.pass_n]
+    if above:
+        out.append(f"eval.pass_ks {above} {'is' if len(above) == 1 else 'are'} above eval.pass_n {p.eval.pass_n} "
+                   f"(no {', '.join(f'pass@{k}' for k in above)} recorded)")
+    return out
+
+
+def _lists(obj: Any, path: str = "") -> list[tuple[str, list]]:
+    """(dotted key, value) of every list of plain values in a profile (lists of mappings excluded)."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _lists(value, f"{path}{f.name}.")
+        elif isinstance(value, list) and not any(dataclasses.is_dataclass(v) for v in value):
+            out.append((path + f.name, value))
+    return out
 
 
 def to_dict(obj: Any) -> dict[str, Any]:

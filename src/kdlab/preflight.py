@@ -1,4 +1,5 @@
-"""Checks of everything a profile names on disk, before any work and before anything is written.
+"""Checks of everything a profile names on disk and needs from the machine, before any work and
+before anything is written.
 
 ``check_profile`` raises ``ConfigError`` with one line that names the key, the value and the
 problem. For a real profile (``pretrained.student`` set) it checks that
@@ -11,9 +12,18 @@ problem. For a real profile (``pretrained.student`` set) it checks that
   countdown variants) are not asked for.
 
 - no path is a placeholder such as ``/path/to/...`` (the example profiles' stand-ins).
+
+``check_machine`` checks what any profile needs from this machine: the GPU that
+``pretrained.device`` names exists (``cuda`` with no GPU, ``cuda:3`` on a one-GPU machine are
+refused), and the optional packages its path needs are importable: ``gguf`` to import a model
+kdlab converts from a package (SmolLM2; not needed once it is in the model store), ``ray`` to
+send the runs to a cluster. The remedy names the extra of ``pyproject.toml`` that installs each.
 """
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
+import re
 from pathlib import Path
 
 from .config import PLACEHOLDER, ConfigError, Profile
@@ -33,11 +43,25 @@ def _checkpoint(key: str, path: str):
     try:
         AutoConfig.from_pretrained(str(p))
     except Exception as e:  # noqa: BLE001 - any failure to read the config is the user's to fix
-        raise ConfigError(f"{key}: {path!r}: its config.json does not load: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"{key}: {path!r}: its config.json does not load: {type(e).__name__}: {_line(e)}") from None
+    if not any((p / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"{key}: {path!r} has a config.json but no tokenizer (none of {', '.join(TOKENIZER_FILES)}); "
+                          "save the model's tokenizer there (tokenizer.save_pretrained(DIR))")
     try:
         return load_tokenizer(p)
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"{key}: {path!r}: its tokenizer does not load: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"{key}: {path!r}: its tokenizer does not load: {type(e).__name__}: {_line(e)}") from None
+
+
+# The files a Hugging Face tokenizer is saved as (fast, sentencepiece, BPE and WordPiece forms).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
+
+
+def _line(e: Exception, limit: int = 300) -> str:
+    """An exception's message on one line, cut to ``limit`` characters (transformers' are long)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _data_file(key: str, kind: str, path: str, eval_only: bool, max_new_tokens: int) -> None:
@@ -94,3 +118,65 @@ def check_profile(profile: Profile) -> None:
             _data_file(f"{key}.test", t.kind, t.test, True, t.max_new_tokens)
     for i, b in enumerate(pre.benchmarks):
         _data_file(f"pretrained.benchmarks[{i}].path", b.kind, b.path, True, b.max_new_tokens)
+
+
+def check_machine(profile: Profile, models_root: Path, ray_address: str | None = None,
+                  ray_key: str = "pretrained.ray_address") -> None:
+    """Raise ``ConfigError`` when this machine lacks what the profile needs: the GPU
+    ``pretrained.device`` names, ``gguf`` for a model import still to do (``models_root`` is the
+    model store), ``ray`` when the runs go to a cluster (``ray_address``, given by ``ray_key``)."""
+    _check_device("pretrained.device", profile.pretrained.device)
+    from .schema import IMPORTABLE
+
+    if profile.pretrained.student in IMPORTABLE:
+        from .smol import imported_path
+
+        if imported_path(Path(models_root)) is None:
+            _require("gguf", f"pretrained.student: {profile.pretrained.student!r} is imported from a GGUF file")
+    if ray_address:
+        _require("ray", f"{ray_key}: {ray_address!r} sends the runs to a Ray cluster")
+
+
+def _check_device(key: str, device: str) -> None:
+    """The GPU ``device`` names (cuda, cuda:N) exists on this machine; auto and cpu always do."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        build = "a CPU-only build of PyTorch" if torch.version.cuda is None else "no CUDA device is visible"
+        raise ConfigError(f"{key}: {device!r} asks for a GPU but this machine has none ({build}); set {key} to "
+                          "auto or cpu, or run on a machine with a GPU and a CUDA build of PyTorch")
+    index, count = int(device.partition(":")[2] or 0), torch.cuda.device_count()
+    if index >= count:
+        raise ConfigError(f"{key}: {device!r} but this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}; "
+                          f"choose one of them, or cuda (the first)")
+
+
+def _require(package: str, why: str) -> None:
+    """``ConfigError`` naming ``why`` the package is needed and how to install it, when it is not
+    importable (looked up without importing it)."""
+    try:
+        found = importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(f"{why}, which needs the package {package!r}, not importable here; {install_hint(package)}")
+
+
+def install_hint(package: str) -> str:
+    """``pip install 'kdlab[EXTRA]'`` for the first extra of kdlab's metadata (pyproject.toml)
+    that lists ``package`` other than ``dev``; else ``pip install 'SPEC'`` with the version
+    kdlab asks for."""
+    try:
+        requires = importlib.metadata.requires("kdlab") or []
+    except importlib.metadata.PackageNotFoundError:
+        requires = []
+    spec = package
+    for req in requires:
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)([^;]*?)\s*(?:;\s*extra\s*==\s*[\"']([^\"']+)[\"'])?\s*", req)
+        if m and m.group(1).lower().replace("_", "-") == package.lower().replace("_", "-"):
+            if m.group(3) and m.group(3) != "dev":
+                return f"pip install 'kdlab[{m.group(3)}]'"
+            spec = f"{m.group(1)}{m.group(2).strip()}"
+    return f"pip install '{spec}'"

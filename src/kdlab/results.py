@@ -1,6 +1,7 @@
 """A study's results table and the summaries its report shows.
 
-``collect`` reads every ``runs/<run_id>/metrics.json`` of a study directory into one row per run;
+``collect`` reads every complete ``runs/<run_id>/metrics.json`` of a study directory (its fields
+and types checked against ``kdlab.records``) into one row per run;
 ``write_results`` stores that table as ``results.parquet``. The other functions turn the table
 into the report's tables: mean ± std over seeds per grid cell, forgetting and sparsity by
 learning rate, base vs teacher vs distilled, the toy-regime acceptance checks and the wall time
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,11 +24,11 @@ import numpy as np
 import pandas as pd
 
 from .atomic import write_atomic
+from .records import columns, metrics_problems
 
-# Columns every results table has (NaN where a run did not measure it, e.g. pass_at_10 when
-# eval.pass_n < 10).
-REQUIRED_COLUMNS = ("run_id", "task", "policy", "lam", "kl", "lr", "seed", "dtype", "grad_clip", "accuracy",
-                    "base_accuracy", "pass_at_10", "forgetting", "sparsity", "collapsed", "wall_s")
+# Columns every results table has: the fields of a run's record (kdlab.records.RUN_METRICS), NaN
+# where a run did not measure one (pass_at_10 when eval.pass_n < 10).
+REQUIRED_COLUMNS = columns("run")
 # Columns that measure time, and so differ between two runs of the same cell.
 WALL_TIME_COLUMNS = ("wall_s", "time_rollout_s", "time_step_s", "time_eval_s")
 # Where the run's models were on disk: the same study under another outputs root differs only here
@@ -48,7 +50,9 @@ def _read_json(path: Path) -> Any:
 
 
 def collect(study_dir: str | Path) -> pd.DataFrame:
-    """One row per completed run (every ``runs/*/metrics.json``), sorted by ``run_id``.
+    """One row per completed run (every ``runs/*/metrics.json`` that holds the fields of a run
+    record, ``kdlab.records``), sorted by ``run_id``; a record that does not is left out with a
+    warning naming it and what it lacks (the study runner redoes that run).
 
     List and dict values (e.g. nested histories) are dropped; ``None`` becomes NaN in numeric
     columns. Every column of ``REQUIRED_COLUMNS`` exists, NaN where a run lacks it.
@@ -58,9 +62,13 @@ def collect(study_dir: str | Path) -> pd.DataFrame:
         raise ValueError(f"study_dir {str(study_dir)!r} is not a directory")
     rows = []
     for path in sorted((study_dir / "runs").glob("*/metrics.json")):
-        metrics = _read_json(path)
-        if not isinstance(metrics, dict):
-            raise ValueError(f"{path}: expected a JSON object, got {type(metrics).__name__}")
+        try:
+            problems = metrics_problems(metrics := _read_json(path))
+        except ValueError as e:  # cut short: not whole JSON
+            problems = [str(e)]
+        if problems:
+            warnings.warn(f"{path} left out of the results: {'; '.join(problems[:3])}", stacklevel=2)
+            continue
         row = {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}
         row.setdefault("run_id", path.parent.name)
         rows.append(row)

@@ -5,6 +5,9 @@ in warm kernels: each worker owns one Jupyter kernel for the whole study and run
 notebook in it, resetting the user namespace in between, so only the first notebook per worker
 pays for the kernel start and the imports. A job's notebook that raises gets ``error.json``
 (failing cell, error name and message) next to its partial notebook, and the study goes on.
+A run that runs out of GPU memory is recorded with the settings to lower and its kernel's
+memory is released; a CUDA error that poisons the kernel's process replaces that kernel and
+the run is redone in the fresh one (``kdlab.gpu_faults``).
 """
 from __future__ import annotations
 
@@ -26,7 +29,9 @@ from typing import Any, Callable
 import nbformat
 
 from ..atomic import FILE_MODE, write_json_atomic, write_text_atomic
-from .plan import NOTEBOOKS_DIR, RUN_NB, Job, _notebook, nonfinite_metrics, run_is_complete
+from ..gpu_faults import RELEASE, oom_remedy, out_of_memory, poisons_process
+from ..records import only_nonfinite, record_problems
+from .plan import NOTEBOOKS_DIR, Job, _notebook
 
 KERNEL_NAME = "python3"
 KERNEL_STARTUP_TIMEOUT_S = 180
@@ -53,6 +58,9 @@ _RESET = """
 %reset -f
 def _kdlab_prepare(cwd):
     import gc, os, sys
+    for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # the last error's frames
+        if hasattr(sys, name):
+            delattr(sys, name)
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")
     os.chdir(cwd)
@@ -100,11 +108,13 @@ def _papermill():
 
 @dataclass
 class NotebookOutcome:
-    """One executed notebook: where it is, its wall time (s) and, if it raised, the error."""
+    """One executed notebook: where it is, its wall time (s), if it raised, the error and, if it
+    was redone in a fresh kernel after a CUDA error, that error (``redone``)."""
 
     path: Path
     seconds: float
     error: dict[str, Any] | None = None
+    redone: str | None = None
 
 
 class WarmKernel:
@@ -319,11 +329,58 @@ def _execute_job(kernel: WarmKernel, job: Job, recorded: bool, ctx: "Context") -
     except OSError as e:
         return _record_fault(job, ctx, NotebookOutcome(run_dir / job.output, 0.0, _runner_error(
             type(e).__name__, f"the run directory {run_dir} cannot be written: {e}")))
+    outcome = _attempt(kernel, job, recorded, ctx)
+    if outcome.error is not None and poisons_process(outcome.error) and not ctx.stop.is_set():
+        first = f"{outcome.error['ename']}: {_first_line(outcome.error['evalue'])}"
+        log.warning("kernel %d: %s in %s; replacing the kernel and redoing the run", kernel.index, first, job.id)
+        problem = _replace(kernel)
+        try:
+            if not recorded:
+                _fresh_dir(run_dir)
+        except OSError as e:
+            problem = problem or f"the run directory {run_dir} cannot be written: {e}"
+        if problem:
+            outcome.error["evalue"] = f"{outcome.error['evalue']} (then {problem})"
+            return _record_fault(job, ctx, outcome)
+        outcome = _attempt(kernel, job, recorded, ctx)
+        if outcome.error is None:
+            outcome.redone = f"{first} (kernel {kernel.index} replaced, the run redone)"
+        elif poisons_process(outcome.error):
+            outcome.error["evalue"] = f"{outcome.error['evalue']} (again in a fresh kernel: the run itself causes it)"
+            _replace(kernel)  # the next run gets a usable process
+    elif outcome.error is not None and out_of_memory(outcome.error):
+        outcome.error["remedy"] = oom_remedy(dict(job.params).get("run"))
+        try:
+            kernel.run_code(RELEASE)
+        except Exception as e:  # noqa: BLE001 - a kernel that cannot release is replaced
+            log.warning("kernel %d: could not release memory after %s (%s); replacing it", kernel.index, job.id, e)
+            _replace(kernel)
+    return _record_fault(job, ctx, outcome)
+
+
+def _attempt(kernel: WarmKernel, job: Job, recorded: bool, ctx: "Context") -> NotebookOutcome:
+    """Execute the job's notebook once in ``kernel``; a notebook that finished without a complete
+    record gets the error that says why (``_unfinished``)."""
+    run_dir = job.out_dir
     params = job.parameters(ctx.params_path, ctx.outputs, ctx.threads, recorded)
     outcome = _execute_safely(kernel, _notebook(job.notebook), run_dir / job.output, params, run_dir)
     if outcome.error is None:
         outcome.error = _unfinished(job)
-    return _record_fault(job, ctx, outcome)
+    return outcome
+
+
+def _replace(kernel: WarmKernel) -> str | None:
+    """End ``kernel``'s process and start a fresh one (this worker only); None, or why it failed."""
+    try:
+        kernel.restart()
+    except Exception as e:  # noqa: BLE001 - the next job tries again (``execute`` restarts a dead kernel)
+        return f"the kernel could not be replaced: {type(e).__name__}: {e}"
+    return None
+
+
+def _first_line(text: Any) -> str:
+    lines = str(text or "").strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _fresh_dir(run_dir: Path) -> None:
@@ -334,23 +391,27 @@ def _fresh_dir(run_dir: Path) -> None:
 
 
 def _unfinished(job: Job) -> dict[str, Any] | None:
-    """Why a job whose notebook ran to its end is not a complete run (None: it is). Non-finite
-    metrics are moved aside (``metrics.nonfinite.json``), so that the run counts as not done."""
-    if not job.complete():
-        return _runner_error("MissingMetrics", "the notebook finished without writing "
-                             + ", ".join(("history.json", "metrics.json") + job.requires))
-    why = _set_aside_nonfinite(job.out_dir) if job.notebook == RUN_NB else None
-    return None if why is None else _runner_error("NonFiniteMetrics", why)
+    """Why a job whose notebook ran to its end is not a complete run (None: it is)."""
+    missing = [name for name in ("history.json", "metrics.json", *job.requires) if not (job.out_dir / name).exists()]
+    if missing:
+        return _runner_error("MissingMetrics", "the notebook finished without writing " + ", ".join(missing))
+    why = _set_aside_invalid(job.out_dir, job.kind)
+    return None if why is None else _runner_error(*why)
 
 
-def _set_aside_nonfinite(run_dir: Path) -> str | None:
-    """When a run's measured metrics are not all finite: move its ``metrics.json`` to
-    ``metrics.nonfinite.json`` (the run is then not done) and say which; else None."""
-    bad = nonfinite_metrics(run_dir)
-    if not bad:
+def _set_aside_invalid(run_dir: Path, kind: str = "run") -> tuple[str, str] | None:
+    """When a run's record lacks what the results table reads (``kdlab.records``): move its
+    ``metrics.json`` aside (the run is then not done) and return (error name, message):
+    ``NonFiniteMetrics`` (``metrics.nonfinite.json``) when only measured values are not finite,
+    else ``InvalidRecord`` (``metrics.invalid.json``); None for a complete record."""
+    problems = record_problems(run_dir, kind)
+    if not problems:
         return None
-    os.replace(run_dir / "metrics.json", run_dir / "metrics.nonfinite.json")
-    return f"{', '.join(bad)}: not a finite number (the metrics are kept in metrics.nonfinite.json)"
+    ename, aside = (("NonFiniteMetrics", "metrics.nonfinite.json") if only_nonfinite(problems)
+                    else ("InvalidRecord", "metrics.invalid.json"))
+    if (run_dir / "metrics.json").exists():
+        os.replace(run_dir / "metrics.json", run_dir / aside)
+    return ename, f"{'; '.join(problems[:3])} (the metrics are kept in {aside})"
 
 
 def _record_fault(job: Job, ctx: "Context", outcome: NotebookOutcome) -> NotebookOutcome:
@@ -371,13 +432,13 @@ def papermill_run(notebook: str, output: str, parameters: dict[str, Any], cwd: s
     import papermill as pm
 
     run_dir = Path(parameters["out_dir"])
-    if run_dir.exists() and not run_is_complete(run_dir):
+    if run_dir.exists() and record_problems(run_dir):
         shutil.rmtree(run_dir)  # an unfinished earlier attempt
     run_dir.mkdir(parents=True, exist_ok=True)
     pm.execute_notebook(notebook, output, parameters=parameters, kernel_name=kernel_name, cwd=cwd, progress_bar=False)
-    why = _set_aside_nonfinite(run_dir)
+    why = _set_aside_invalid(run_dir)
     if why:
-        raise ValueError(f"NonFiniteMetrics: {why}")
+        raise ValueError(": ".join(why))
     return json.loads((run_dir / "metrics.json").read_text())
 
 
@@ -433,6 +494,7 @@ class Context:
     invocation: dict[str, Any]
     stop: threading.Event = field(default_factory=threading.Event)
     failed: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    redone: list[tuple[str, str]] = field(default_factory=list)  # (job id, why it was redone)
 
     def save_timing(self) -> None:
         inv = self.invocation
@@ -467,6 +529,9 @@ def _run_jobs(todo: list[tuple[Job, bool]], ctx: Context, desc: str) -> None:
         finished += 1
         entry: dict[str, Any] = {"notebook_s": round(outcome.seconds, 3), "worker": worker,
                                  "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+        if outcome.redone:
+            entry["redone"] = outcome.redone
+            ctx.redone.append((job.id, outcome.redone))
         if outcome.error is None and recorded:
             entry["recorded"] = True  # notebook shown again; the run's timing is its first one's
             entry = {**ctx.timing["runs"].get(job.id, {}), **entry}

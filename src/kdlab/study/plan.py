@@ -4,8 +4,8 @@
   seeds, then the lambda spectrum), in grid order and in the order workers start them;
 - ``Job``: one notebook execution (a grid cell, a style run or an RLVR start) with the one
   parameter that carries its whole configuration (``run``: ``RunConfig`` as a dict);
-- completeness: a run directory with a whole ``metrics.json`` and ``history.json`` is complete
-  (never redone);
+- completeness: a run directory whose ``metrics.json`` and ``history.json`` hold the fields the
+  results table reads (``kdlab.records``) is complete (never redone); anything less is redone;
 - ``check_params``: the resolved profile kept as ``params.yaml``; a rerun with other settings
   (except the grid lists) is refused;
 - ``study_model_paths`` / ``models_ready``: the models the study needs, built or not.
@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from ..config import ConfigError, Profile, from_dict, read_yaml, to_dict
 from ..distill import RunConfig
 from ..followups import RLVRStart
 from ..atomic import write_text_atomic
+from ..records import record_problems
 from ..runs import run_config_from
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[3] / "notebooks"
@@ -137,8 +137,13 @@ class Job:
     output: str = "run.ipynb"
     requires: tuple[str, ...] = ()
 
+    @property
+    def kind(self) -> str:
+        """The kind of record its notebook writes (``kdlab.records.SCHEMAS``)."""
+        return "rlvr" if self.notebook == RLVR_NB else "run"
+
     def complete(self) -> bool:
-        return run_is_complete(self.out_dir) and all((self.out_dir / r).exists() for r in self.requires)
+        return run_is_complete(self.out_dir, self.kind) and all((self.out_dir / r).exists() for r in self.requires)
 
     def parameters(self, params_path: Path, outputs: Path, threads: int, recorded: bool) -> dict[str, Any]:
         """The notebook's parameters: the study-wide ones, then the job's own (its whole run
@@ -163,29 +168,23 @@ def rlvr_job(study_dir: Path, start: RLVRStart) -> Job:
                params=(("start", start.spec), ("seed", start.seed)), output="rlvr.ipynb")
 
 
-def _json_of(path: Path, kind: type) -> bool:
-    """True when ``path`` holds a whole JSON value of ``kind``."""
-    try:
-        return isinstance(json.loads(path.read_text()), kind)
-    except (OSError, ValueError):
-        return False
+def run_is_complete(run_dir: Path, kind: str = "run") -> bool:
+    """A run is complete when its ``metrics.json`` and ``history.json`` (both written atomically,
+    metrics last) hold the fields of its kind of record (``kdlab.records``): a truncated file, an
+    empty ``{}`` or a field of the wrong type makes it redo."""
+    return not record_problems(run_dir, kind)
 
 
-def run_is_complete(run_dir: Path) -> bool:
-    """A run is complete when its ``history.json`` holds a JSON list and its ``metrics.json``
-    (both written atomically, metrics last) a JSON object: a truncated file makes it redo."""
-    return _json_of(run_dir / "metrics.json", dict) and _json_of(run_dir / "history.json", list)
-
-
-# The measured metrics of a grid or style run that must be finite numbers (a collapsed run's are:
-# its evaluation reads whatever weights it ended with).
-FINITE_METRICS = ("accuracy", "base_accuracy", "forgetting", "sparsity")
-
-
-def nonfinite_metrics(run_dir: Path) -> list[str]:
-    """The ``FINITE_METRICS`` of a run's ``metrics.json`` that are missing, NaN or infinite."""
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    return [k for k in FINITE_METRICS if not isinstance(metrics.get(k), (int, float)) or not math.isfinite(metrics[k])]
+def invalid_records(jobs: list[Job]) -> list[tuple[Job, list[str]]]:
+    """(job, what its record lacks) for each job that has a ``metrics.json`` but is not complete:
+    a record written wrong or cut short, which the study redoes and names."""
+    out = []
+    for job in jobs:
+        if (job.out_dir / "metrics.json").exists():
+            problems = record_problems(job.out_dir, job.kind)
+            if problems:
+                out.append((job, problems))
+    return out
 
 
 def notebook_finished(path: Path) -> bool:

@@ -33,16 +33,16 @@ from pathlib import Path
 from typing import Any
 
 
-from ..config import ConfigError, Profile, companion_profile, load_profile
+from ..config import ConfigError, Profile, companion_profile, dropped_values, load_profile
 from ..followups import rlvr_starts, students_to_save, style_cells
 from ..materials import check_models, models_to_train
 from ..atomic import write_json_atomic, write_text_atomic
-from ..preflight import check_profile
+from ..preflight import check_machine, check_profile
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
                       _record_error, _run_jobs, _run_on_ray)
 from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook, _pending,
-                   analysis_lanes, analysis_notebooks, expand_grid, rlvr_job, run_is_complete, run_job, schedule,
-                   study_dir_of)
+                   analysis_lanes, analysis_notebooks, expand_grid, invalid_records, rlvr_job, run_is_complete, run_job,
+                   schedule, study_dir_of)
 
 
 class StudyBusy(RuntimeError):
@@ -95,8 +95,14 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
         check_profile(profile)
     except ConfigError as e:
         raise ConfigError(f"{params}: {e}") from None
+    ray_key = "--ray-address"
     if ray_address is None and profile.pretrained.ray_address:  # a real profile may name its cluster
         ray_address, gpus_per_run = profile.pretrained.ray_address, profile.pretrained.gpus_per_run
+        ray_key = "pretrained.ray_address"
+    try:  # the device it asks for and the packages its path needs
+        check_machine(profile, Path(outputs).resolve() / "models", ray_address, ray_key)
+    except ConfigError as e:
+        raise ConfigError(f"{params}: {e}") from None
     companions = [companion_profile(profile, suffix) for suffix in profile.companions]
     for p in [profile, *companions]:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", p.name):
@@ -111,6 +117,9 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
     if problem:
         print(f"kdlab study: {problem}", file=sys.stderr)
         return 2
+    dropped = dropped_values(profile)
+    if dropped:
+        _say(f"note: {'; '.join(dropped)}")
     outputs = Path(outputs).resolve()
     rc = 0
     for companion in companions:
@@ -153,6 +162,7 @@ def _run_locked(profile: Profile, study_dir: Path, outputs: Path, workers: int, 
     extra_jobs = [run_job(study_dir, c, style=True) for c in style_cells(profile)]
     extra_jobs += [rlvr_job(study_dir, s) for s in rlvr_starts(profile)]
     todo, todo_extra = _pending(grid_jobs, order), _pending(extra_jobs)
+    invalid = invalid_records([j for j, recorded in todo + todo_extra if not recorded])
     threads = profile.threads or max(1, _cores() // workers)
     n_kernels = max(1, min(workers, len(todo) + len(todo_extra)))
     n_redo = sum(recorded for _, recorded in todo)
@@ -161,6 +171,10 @@ def _run_locked(profile: Profile, study_dir: Path, outputs: Path, workers: int, 
     _say(f"study {profile.name}: {len(cells)} runs ({len(cells) - len(todo) + n_redo} already complete"
          + (f", {n_redo} of them with an interrupted notebook" if n_redo else "") + f"){extra}, "
          f"{n_kernels} worker(s) x {threads} torch thread(s) -> {study_dir}")
+    if invalid:
+        _say(f"{len(invalid)} recorded run(s) redone, their record is not what the results table reads: "
+             + "; ".join(f"{j.id} ({problems[0]})" for j, problems in invalid[:3])
+             + (f"; and {len(invalid) - 3} more" if len(invalid) > 3 else ""))
     ctx = Context(study_dir=study_dir, outputs=outputs, params_path=params_path, threads=threads, progress=progress,
                   kernels=[WarmKernel(i, study_dir, _kernel_env(threads), log_path=study_dir / "logs" / f"kernel-{i}.log")
                            for i in range(n_kernels)],
@@ -169,6 +183,7 @@ def _run_locked(profile: Profile, study_dir: Path, outputs: Path, workers: int, 
                               "threads_per_worker": threads, "runs_done": 0, "runs_failed": 0, "kernel_start_s": 0.0,
                               "runs_overhead_s": 0.0, "notebooks": {}})
     ctx.timing["invocations"].append(ctx.invocation)
+    ctx.redone += [(j.id, f"its record was not what the results table reads ({problems[0]})") for j, problems in invalid]
     report_ok = True
     try:
         starts = [k.submit(k.start) for k in ctx.kernels]
@@ -329,12 +344,18 @@ def _summary(ctx: Context, profile: Profile, cells: list, extra_jobs: list) -> N
          + (f" ({100 * share:.1f}% of worker time)" if share is not None else ""))
     if (study_dir / "report.html").exists():
         _say(f"report: {study_dir / 'report.html'}")
+    if ctx.redone:
+        _say(f"{len(ctx.redone)} run(s) redone:")
+        for run_id, why in ctx.redone:
+            _say(f"  {run_id}: {why}")
     if ctx.failed:
         _say(f"{len(ctx.failed)} run(s) failed:")
         for run_id, err in ctx.failed:
             where = run_id if "/" in run_id else f"runs/{run_id}"
             _say(f"  {run_id}: {err['ename']}: {str(err['evalue']).splitlines()[0] if err['evalue'] else ''} "
                  f"({where}/error.json)")
+            if err.get("remedy"):
+                _say(f"    {err['remedy']}")
 
 
 def _export_html(notebooks: list[Path], html: Path) -> None:

@@ -65,7 +65,8 @@ def response_logits(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: t
     prompt_b + response_b[:r].
     """
     device = next(model.parameters()).device
-    prompt, prompt_mask, response = prompt.to(device), prompt_mask.to(device), response.to(device)
+    prompt, prompt_mask = prompt.to(device), prompt_mask.to(device)
+    response, response_mask = response.to(device), response_mask.to(device)
     # The last response token predicts nothing we need (and, the model being causal, changes no
     # earlier logit), so it is not fed: P + R - 1 positions.
     ids = torch.cat([prompt, response[:, :-1]], dim=1)  # (B, P+R-1)

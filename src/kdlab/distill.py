@@ -231,7 +231,7 @@ def offpd_rollouts(teacher: torch.nn.Module, task: Task, pool, n: int, temperatu
     local: list[tuple[int, list[list[int]]]] = []
     for c in range(rank, len(chunks), world):
         chunk = problems[chunks[c]:chunks[c] + batch_size]
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + c)
+        gen = torch.Generator(device=next(teacher.parameters()).device).manual_seed(seed * 1_000_003 + c)
         ro = sample(None, [codec.prompt(p.prompt) for p in chunk], max_new_tokens, lam=-1.0, teacher=teacher,
                     teacher_prompts=[codec.prompt(tp(p), teacher_system) for p in chunk], temperature=temperature,
                     generator=gen, codec=codec, stop_early=stop_early)
@@ -253,8 +253,9 @@ class _OffPDTeacherLogits:
 
     The teacher is frozen and a response's logits depend only on its own prompt and tokens
     (left padding is skipped by the position ids and masked out), so a row drawn again reuses
-    them. One (pool, longest response, V) tensor in the teacher's output dtype holds them, zero
-    past each response's end; it is allocated uninitialised, so only rows written take memory.
+    them. One (pool, longest response, V) tensor in the teacher's output dtype, on the teacher's
+    device (a GPU's steps then never copy logits through the host), holds them, zero past each
+    response's end; it is allocated uninitialised, so only rows written take memory.
     """
 
     def __init__(self, teacher: torch.nn.Module, problems: list[Problem], responses: list[list[int]],
@@ -282,7 +283,7 @@ class _OffPDTeacherLogits:
             tp, tpm = pad_left([self.tp[i] for i in missing], self.codec.pad_id)
             r, rm = pad_right([self.responses[i] for i in missing], pad_id=self.codec.pad_id)
             with torch.no_grad():
-                logits = response_logits(self.teacher, tp, tpm, r, rm, self.codec.vocab_size).cpu()  # (M, R, V)
+                logits = response_logits(self.teacher, tp, tpm, r, rm, self.codec.vocab_size)  # (M, R, V), on its device
             if self.store is None:
                 longest = max(1, max(len(x) for x in self.responses))
                 self.store = logits.new_empty((len(self.responses), longest, logits.shape[-1]))
@@ -349,19 +350,21 @@ def _fast_cpu_attention(*models: torch.nn.Module) -> Iterator[None]:
 
 def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of: Callable, cfg: RunConfig,
           codec, n_total: float, sf_gen: Callable[[torch.device], torch.Generator] | None = None
-          ) -> tuple[torch.Tensor, list[float]]:
+          ) -> torch.Tensor:
     """Forward + backward of one batch slice in micro-batches; returns the summed (loss, forward
-    KL, reverse KL) over its tokens. Micro-batch m's token-mean loss is weighted by
+    KL, reverse KL) over its tokens as one float64 tensor (3,) on the student's device, read by
+    the host once per step, not per micro-batch. Micro-batch m's token-mean loss is weighted by
     ``world * n_m / n_total`` (``n_total``: the global token count), so the accumulated
     gradient, averaged over ranks, is that of the global token mean. The loss compares
     ``softmax(z_S / tau_S)`` with ``softmax(z_T / tau_T)`` (``cfg.loss_temperatures()``); for
     kl "sf" one extra token per position is drawn (``sf_gen``: the generator on a device) from
-    the teacher (forward) or the student (reverse)."""
+    the teacher (forward) or the student (reverse). A non-finite loss is backpropagated like
+    any other; the caller reads it before the optimiser step and stops the run."""
     rows = batch["r"].shape[0]
     mb = cfg.micro_batch_size or rows
     _, world = _world()
     tau_s, tau_t = cfg.loss_temperatures()
-    sums = [0.0, 0.0, 0.0]
+    sums = None
     for i in range(0, rows, mb):
         j = min(rows, i + mb)
         r, rm = batch["r"][i:j], batch["rm"][i:j]
@@ -379,19 +382,15 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
             samples = draw_tokens(source, generator=sf_gen(s_logits.device) if sf_gen else None)
         loss = kl_loss(s_logits, t_logits, cfg.kl, rm_d, temperature=1.0, beta=cfg.jsd_beta, tokens=r_d,
                        sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None, samples=samples)
-        n_m = float(rm.sum())
-        value = loss.item()
-        sums[0] += value * n_m
-        if not math.isfinite(value) and world == 1:
-            return loss, sums  # the run stops here (sharded, every rank still runs every backward)
+        n_m = float(rm.sum())  # rm is on the host
         weight = world * n_m / n_total
         (loss if weight == 1.0 else loss * weight).backward()
         with torch.no_grad():
             fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
-            sums[1] += float(fkl.sum())
-            sums[2] += float(rkl.sum())
+            part = torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()])
+            sums = part if sums is None else sums + part
         del s_logits, t_logits
-    return loss, sums
+    return sums
 
 
 def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg: RunConfig, *,
@@ -414,7 +413,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     rank, world = _world()
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)  # the global batch: identical on every rank
-    gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * rank)  # this rank's rollouts
+    device = next(student.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1_000_003 * rank)  # this rank's rollouts, on its device
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of the number of processes {world}")
     per_rank = cfg.batch_size // world
@@ -494,8 +494,15 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 work.train()
             (n_total,) = _sum_over_ranks([float(rm.sum())], device)
             n_total = max(n_total, 1.0)
-            _, sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
+            sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
             arith.push()
+            gnorm = torch.nn.utils.clip_grad_norm_(params,
+                                                   cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
+            if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP2
+                gnorm = gnorm.full_tensor()
+            # the step's one read of the loss: sums and gradient norm together (clipping a
+            # non-finite gradient changes nothing that is kept: the run then stops unstepped)
+            *sums, gnorm_val = torch.cat([sums, gnorm.detach().double().reshape(1).to(sums.device)]).tolist()
             loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
             loss_val = loss_sum / n_total
             if not math.isfinite(loss_val):
@@ -503,18 +510,14 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 history.append({"step": step, "loss": loss_val})
                 opt.zero_grad(set_to_none=True)
                 break
-            gnorm = torch.nn.utils.clip_grad_norm_(params,
-                                                   cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
-            if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP2
-                gnorm = gnorm.full_tensor()
             opt.step()
-            finite = math.isfinite(float(gnorm)) and all_finite(params, world)
+            finite = math.isfinite(gnorm_val) and all_finite(params, world)
             if world > 1:
                 (bad,) = _sum_over_ranks([0.0 if finite else 1.0], device)
                 finite = bad == 0.0
             t2 = time.perf_counter()
             history.append({"step": step, "loss": loss_val, "forward_kl": fkl_sum / n_total,
-                            "reverse_kl": rkl_sum / n_total, "grad_norm": float(gnorm), "entropy": entropy,
+                            "reverse_kl": rkl_sum / n_total, "grad_norm": gnorm_val, "entropy": entropy,
                             "length": n_total / cfg.batch_size, "lr": opt.param_groups[0]["lr"],
                             "time_s": t2 - t0, "cpu_s": time.process_time() - c0, **extra})
             phase["rollout"] += t1 - t0

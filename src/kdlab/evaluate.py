@@ -69,13 +69,13 @@ def pass_at_ks(model: torch.nn.Module, task: Task, problems: list[Problem], n: i
                temperature: float = 1.0, seed: int = 0, batch_size: int | None = None, codec=CHAR,
                max_new_tokens: int | None = None) -> dict[int, float]:
     """Mean unbiased pass@k over problems from ``n`` samples each (temperature sampling). The
-    generator lives on the CPU, so the draws are the same on any device up to floating-point
-    differences in the logits."""
+    generator lives on the model's device (a GPU's draws then never wait on the host), seeded
+    from ``seed``."""
     if not problems:
         raise ValueError(f"no problems to evaluate for task {task.name!r}")
     if any(k > n for k in ks):
         raise ValueError(f"every k in {ks} must be <= n={n}")
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     prompts = [p.prompt for p in problems for _ in range(n)]
     texts = complete(model, prompts, max_new_tokens or task.max_new_tokens, greedy=False, temperature=temperature,
                      batch_size=batch_size, generator=gen, codec=codec)

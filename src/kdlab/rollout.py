@@ -20,6 +20,10 @@ from .mixture import mixture_logprobs
 from .tokenizer import EOS_ID, PAD_ID
 
 
+STOP_CHECK = 16  # decode steps between two checks for "every row has stopped" off the CPU
+CUDA_GRAPHS = True  # decode steps on a GPU replayed as CUDA graphs (False: the same steps, launched one by one)
+
+
 @dataclass
 class Rollout:
     """Sampled responses. tokens/mask: (B, R); mask is True up to and including </s>.
@@ -55,11 +59,11 @@ def next_token(student_last: torch.Tensor | None, teacher_last: torch.Tensor | N
     else:
         logp = mixture_logprobs(student_last / temp, teacher_last / t_temp, lam, logratio_clip=logratio_clip,
                                 plausibility_alpha=plausibility_alpha)
-    bad = ~torch.isfinite(logp).any(-1)
-    if bool(bad.any()):
-        logp = torch.nan_to_num(logp, nan=-math.inf)
-        logp[bad] = -math.inf
-        logp[bad, stop_id] = 0.0
+    # a diverged row samples the stop id; branch-free, so the decode loop never waits on the host
+    bad = ~torch.isfinite(logp).any(-1, keepdim=True)  # (B, 1)
+    stop_row = torch.full_like(logp[:1], -math.inf)
+    stop_row[:, stop_id] = 0.0
+    logp = torch.where(bad, stop_row, logp)
     p = logp.exp()
     ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
     if greedy:
@@ -105,11 +109,12 @@ class _Stepper:
 
 
 _FAST_ARCHS = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+_FAST_DEVICES = ("cpu", "cuda")
 
 
 def _fast_decoding_supported(model: torch.nn.Module) -> bool:
-    """Whether ``_StaticStepper`` reproduces ``model``: a CPU Llama / Qwen2 without sliding window
-    or attention dropout in effect, laid out as transformers builds them."""
+    """Whether ``_StaticStepper`` reproduces ``model``: a Llama / Qwen2 on a CPU or a CUDA GPU,
+    without sliding window or attention dropout in effect, laid out as transformers builds them."""
     if type(model).__name__ not in _FAST_ARCHS:
         return False
     cfg, inner = model.config, getattr(model, "model", None)
@@ -124,7 +129,8 @@ def _fast_decoding_supported(model: torch.nn.Module) -> bool:
     if not all(hasattr(x, "weight") and hasattr(x, "variance_epsilon") for x in norms):
         return False
     first = next(model.parameters())
-    return first.device.type == "cpu" and type(first) is torch.nn.Parameter  # not an FSDP shard (DTensor)
+    return first.device.type in _FAST_DEVICES and isinstance(first, torch.nn.Parameter) and not hasattr(
+        first, "full_tensor")  # not an FSDP shard (DTensor)
 
 
 def _rotate_half_rows(w: torch.Tensor, dim: int) -> torch.Tensor:
@@ -138,22 +144,30 @@ def _rotate_half_rows(w: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class _StaticStepper:
-    """``_Stepper`` for Llama / Qwen2 on CPU with a preallocated KV cache and a lean decode step.
+    """``_Stepper`` for Llama / Qwen2 with a preallocated KV cache and a lean decode step.
 
     Uses the model's own weights, rotary embedding and activation, but runs the layers itself:
-    keys/values go into preallocated (B * KV, P + N, D) buffers, the padding mask is built once,
-    the query/key/value projections run as one matmul (and the MLP's gate/up as another), the
-    prompt pass computes the head only at the last position, and each step is one short loop
-    over the layers with no per-call mask or cache objects. The arithmetic is transformers'
-    (RMSNorm in float32, rotary embedding, softmax in float32 over scaled scores with masked
-    keys at a large negative value) except that the cached keys/values are kept, and the two
-    attention matmuls run, in float32: the cached values are exact copies of the model-dtype
-    ones and the result only skips two intermediate roundings to the model dtype (small batched
-    bf16 matmuls are several times slower on CPU).
+    keys/values go into preallocated (B * KV, P + N, D) buffers on the model's device, the
+    padding mask is built once, the query/key/value projections run as one matmul (and the
+    MLP's gate/up as another), the prompt pass computes the head only at the last position, and
+    each step is one short loop over the layers with no per-call mask or cache objects. The
+    arithmetic is transformers' (RMSNorm in float32, rotary embedding, softmax in float32 over
+    scaled scores with masked keys at a large negative value) except that the cached
+    keys/values are kept, and the two attention matmuls run, in float32: the cached values are
+    exact copies of the model-dtype ones and the result only skips two intermediate roundings
+    to the model dtype (small batched bf16 matmuls are several times slower on CPU).
+
+    Two decode modes. ``static=False`` (the CPU's): step t attends to the first P + t columns
+    (a Python slice; shapes change every step). ``static=True`` (CUDA's): every step has the
+    same shapes, gpt-fast style: it attends over all P + N columns, the columns not yet written
+    masked out by the key bias, and writes its key/value at a column held in a device tensor,
+    so no step needs the host; with ``graph=True`` the step is captured once as a CUDA graph and
+    each token is one replay. Both modes compute the same function (a masked column's weight is
+    exactly 0 after the softmax).
     """
 
     def __init__(self, model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int = PAD_ID,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, static: bool | None = None, graph: bool | None = None):
         inner = model.model
         self.vocab_size = vocab_size
         self.embed, self.rope, self.head = inner.embed_tokens, inner.rotary_emb, model.lm_head
@@ -163,25 +177,39 @@ class _StaticStepper:
         self.kv_heads = attn.k_proj.out_features // self.dim
         self.heads = attn.q_proj.out_features // self.dim
         self.layers = [self._fuse(layer, self.dim) for layer in inner.layers]
+        device = self.embed.weight.device
+        on_cuda = device.type == "cuda"
+        self.static = on_cuda if static is None else static
         ids, mask = pad_left(prompts, pad_id)
+        ids, mask = ids.to(device), mask.to(device)
         B, P = ids.shape
         self.dtype = self.embed.weight.dtype
         width = P + max_new_tokens
         rows = B * self.kv_heads  # one attention row per (sequence, key/value head)
-        self.keys = [torch.zeros(rows, width, self.dim) for _ in self.layers]
+        self.keys = [torch.zeros(rows, width, self.dim, device=device) for _ in self.layers]
         self.values = [torch.zeros_like(k) for k in self.keys]
         neg = torch.finfo(torch.float32).min
-        # additive key mask per attention row (B * KV, 1, width): prompt padding is never attended
-        self.key_bias = torch.zeros(B, width).masked_fill_(
-            torch.cat([~mask, torch.zeros(B, max_new_tokens, dtype=torch.bool)], 1), neg)
+        self.neg = neg
+        # additive key mask per attention row (B * KV, 1, width): prompt padding is never attended;
+        # in static mode the columns not yet written are masked too, and unmasked as they are
+        unwritten = torch.ones if self.static else torch.zeros
+        self.key_bias = torch.zeros(B, width, device=device).masked_fill_(
+            torch.cat([~mask, unwritten(B, max_new_tokens, dtype=torch.bool, device=device)], 1), neg)
         self.key_bias = self.key_bias.repeat_interleave(self.kv_heads, 0)[:, None, :]
         self.length = 0
         g = self.heads // self.kv_heads
-        allowed = mask[:, None, :] & torch.ones(P, P, dtype=torch.bool).tril()  # (B, P queries, P keys)
-        prompt_bias = torch.zeros(B, P, P).masked_fill_(~allowed, neg)
+        causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
+        allowed = mask[:, None, :] & causal  # (B, P queries, P keys)
+        prompt_bias = torch.zeros(B, P, P, device=device).masked_fill_(~allowed, neg)
         prompt_bias = prompt_bias.repeat_interleave(self.kv_heads, 0).repeat(1, g, 1)  # (B * KV, g * P, P)
         self.last = self._run(ids, positions(mask), prompt_bias).float()
         self.next_pos = mask.sum(-1, keepdim=True)  # (B, 1)
+        self.col = torch.full((1,), P, dtype=torch.long, device=device)  # the next column written (static)
+        self.graph = None
+        if graph is None:  # a real GPU (the CUDA stand-in of the tests computes on the CPU)
+            graph = CUDA_GRAPHS and on_cuda and torch.cuda.is_available()
+        if self.static and graph:
+            self._capture()
 
     @staticmethod
     def _fuse(layer: torch.nn.Module, dim: int) -> tuple:
@@ -209,9 +237,13 @@ class _StaticStepper:
         w, eps = norm
         return w * F.rms_norm(h.float(), (h.shape[-1],), eps=eps).to(self.dtype)
 
-    def _run(self, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def _run(self, ids: torch.Tensor, pos: torch.Tensor, bias: torch.Tensor, col: torch.Tensor | None = None
+             ) -> torch.Tensor:
         """Feed ids (B, T) at positions pos (B, T) with additive key bias (B * KV, g * T or 1,
-        length + T); returns the last position's logits (B, V)."""
+        keys); returns the last position's logits (B, V). ``col`` None: the T new keys go to
+        columns length .. length + T and the first length + T columns are attended; ``col`` a
+        (1,) device tensor (static mode, T = 1): the new key goes to that column and every
+        column is attended (``bias`` masks the unwritten ones)."""
         B, T = ids.shape
         H, KV, D = self.heads, self.kv_heads, self.dim
         g, n = H // KV, H + KV
@@ -222,26 +254,72 @@ class _StaticStepper:
         for (norm1, qkv, o_proj, norm2, gate_up, act, down), kc, vc in zip(self.layers, self.keys, self.values):
             x = F.linear(self._rms(h, norm1), *qkv).view(B, T, 2 * n + KV, D)  # [q, k, rot q, rot k, v]
             qk = x[:, :, :n] * cos + x[:, :, n:2 * n] * sin  # (B, T, H + KV, D)
-            kc.view(B, KV, -1, D)[:, :, start:end] = qk[:, :, H:].transpose(1, 2)
-            vc.view(B, KV, -1, D)[:, :, start:end] = x[:, :, 2 * n:].transpose(1, 2)
+            k_new, v_new = qk[:, :, H:].transpose(1, 2), x[:, :, 2 * n:].transpose(1, 2)  # (B, KV, T, D)
+            if col is None:
+                kc.view(B, KV, -1, D)[:, :, start:end] = k_new
+                vc.view(B, KV, -1, D)[:, :, start:end] = v_new
+                keys, values = kc[:, :end], vc[:, :end]
+            else:
+                kc.view(B, KV, -1, D).index_copy_(2, col, k_new.to(kc.dtype))
+                vc.view(B, KV, -1, D).index_copy_(2, col, v_new.to(vc.dtype))
+                keys, values = kc, vc
             # the g query heads sharing one key/value head form one attention row: (B * KV, g * T, D)
             q = qk[:, :, :H].transpose(1, 2).reshape(B * KV, g * T, D).float()
-            w = torch.baddbmm(bias, q, kc[:, :end].transpose(1, 2), alpha=self.scaling).softmax(-1)
-            o = torch.bmm(w, vc[:, :end]).view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+            w = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scaling).softmax(-1)
+            o = torch.bmm(w, values).view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
             h = h + F.linear(o.to(self.dtype), *o_proj)
             gate, up = F.linear(self._rms(h, norm2), *gate_up).chunk(2, dim=-1)
             h = h + F.linear(act(gate) * up, *down)
-        self.length = end
+        if col is None:
+            self.length = end
         return self.head(self._rms(h[:, -1], self.norm))[:, :self.vocab_size]
 
+    def _static_step(self, tok: torch.Tensor) -> torch.Tensor:
+        """One static-mode step (all shapes fixed, no host value read): unmask and fill column
+        ``col`` with ``tok`` (B,), then advance ``col`` and the positions."""
+        self.key_bias.index_fill_(2, self.col, 0.0)
+        out = self._run(tok[:, None], self.next_pos, self.key_bias, self.col).float()
+        self.next_pos.add_(1)
+        self.col.add_(1)
+        return out
+
+    def _capture(self) -> None:
+        """Record ``_static_step`` once as a CUDA graph over static input/output buffers. The
+        warm-up runs write and unmask the next column, which the first real step overwrites
+        before anything reads it; the column and positions are restored after them."""
+        self.tok_in = torch.zeros(self.next_pos.shape[0], dtype=torch.long, device=self.col.device)
+        col0, pos0, bias0 = self.col.clone(), self.next_pos.clone(), self.key_bias.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._static_step(self.tok_in)
+                self.col.copy_(col0)
+                self.next_pos.copy_(pos0)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.out = self._static_step(self.tok_in)
+        self.col.copy_(col0)  # capturing recorded the step without running it: restore anyway
+        self.next_pos.copy_(pos0)
+        self.key_bias.copy_(bias0)
+
     def feed(self, tok: torch.Tensor) -> None:  # tok (B,)
-        self.last = self._run(tok[:, None], self.next_pos, self.key_bias[:, :, :self.length + 1]).float()
-        self.next_pos = self.next_pos + 1
+        if self.graph is not None:
+            self.tok_in.copy_(tok)
+            self.graph.replay()
+            self.last = self.out
+        elif self.static:
+            self.last = self._static_step(tok)
+        else:
+            self.last = self._run(tok[:, None], self.next_pos, self.key_bias[:, :, :self.length + 1]).float()
+            self.next_pos = self.next_pos + 1
 
 
 def _stepper(model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int,
              vocab_size: int | None):
-    """The fast CPU decoder where it reproduces ``model``, else the generic KV-cached one."""
+    """The static-cache decoder where it reproduces ``model`` (CUDA-graphed on a GPU), else the
+    generic KV-cached one."""
     if _fast_decoding_supported(model):
         return _StaticStepper(model, prompts, max_new_tokens, pad_id, vocab_size)
     return _Stepper(model, prompts, pad_id, vocab_size)
@@ -285,9 +363,14 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
         raise ValueError("teacher_prompts and student_prompts differ in length")
     steppers = {}
     device = next((student if need_s else teacher).parameters()).device
-    stops = torch.tensor([eos_id] if isinstance(eos_id, int) else list(eos_id), dtype=torch.long, device=device)
-    if stops.numel() == 0:
+    stop_ids = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+    if not stop_ids:
         raise ValueError("eos_id must name at least one stop id, got an empty sequence")
+    stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    # Whether every row has stopped is a host read: each step on a CPU (free there), every
+    # STOP_CHECK steps elsewhere (a GPU then queues steps without waiting); the columns decoded
+    # after the last row stopped are cut off, so the rollout is the same either way.
+    check_every = 1 if device.type == "cpu" else STOP_CHECK
     if need_s:
         steppers["s"] = _stepper(student, student_prompts, max_new_tokens, pad_id, vocab_size)
     if need_t:
@@ -300,17 +383,21 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     for step in range(max_new_tokens):
         tok, ent = next_token(steppers["s"].last if need_s else None, steppers["t"].last if need_t else None, lam,
                               temp, greedy=greedy, logratio_clip=logratio_clip,
-                              plausibility_alpha=plausibility_alpha, stop_id=int(stops[0]), generator=generator,
+                              plausibility_alpha=plausibility_alpha, stop_id=stop_ids[0], generator=generator,
                               teacher_temp=t_temp)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         alive.append(~done)
         toks.append(tok)
         ents.append(torch.where(done, torch.zeros_like(ent), ent))
         done = done | torch.isin(tok, stops)
-        if step == max_new_tokens - 1 or (stop_early and bool(done.all())):
+        if step == max_new_tokens - 1 or (stop_early and (step + 1) % check_every == 0 and bool(done.all())):
             break
         for st in steppers.values():
             st.feed(tok)
     tokens = torch.stack(toks, 1).cpu()  # (B, R)
     mask = torch.stack(alive, 1).cpu()  # sampled tokens up to and including the first stop
-    return Rollout(tokens=tokens, mask=mask, entropy=torch.stack(ents, 1).cpu())
+    entropy = torch.stack(ents, 1).cpu()
+    if stop_early and check_every > 1:  # cut the columns decoded after every row had stopped
+        width = int(mask.any(0).nonzero().max()) + 1 if bool(mask.any()) else 1
+        tokens, mask, entropy = tokens[:, :width], mask[:, :width], entropy[:, :width]
+    return Rollout(tokens=tokens, mask=mask, entropy=entropy)

@@ -1,0 +1,185 @@
+"""Every hot path with the models on a GPU, checked without one.
+
+The models' parameters are moved onto ``cuda:0`` as the CUDA stand-in (tests/cuda_stand_in.py):
+real values computed on the CPU by tensors that say they live on the GPU and refuse a mix with
+CPU tensors as CUDA does. A tensor left on the CPU where the GPU's is needed (the mask that
+crashed the first H200 run) raises here as it raised there. The decode loop's static mode (the
+one a GPU uses, CUDA graph aside) is checked against transformers on the CPU.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from cuda_stand_in import OnCuda, cuda_stand_in, to_stand_in
+from kdlab import rollout
+from kdlab.batching import pad_left, pad_right, positions, response_logits
+from kdlab.data import ProblemPool
+from kdlab.distill import RunConfig, distill, offpd_rollouts
+from kdlab.evaluate import accuracy, pass_at_ks
+from kdlab.kl import LOSS_KINDS
+from kdlab.metrics import update_sparsity
+from kdlab.models import build_model
+from kdlab.tasks import get_task
+from kdlab.data import prompt_ids
+
+
+def _models():
+    teacher = to_stand_in(build_model("llama", "nano", seed=1).to(torch.bfloat16).eval())
+    student = to_stand_in(build_model("llama", "nano", seed=0))
+    return student, teacher
+
+
+# ---------------------------------------------------------------------------------------------
+# the stand-in itself
+# ---------------------------------------------------------------------------------------------
+
+def test_the_stand_in_refuses_what_cuda_refuses_and_keeps_real_values():
+    with cuda_stand_in():
+        a = torch.ones(2, 3, device="cuda")
+        assert a.device.type == "cuda" and isinstance(a, OnCuda)
+        assert float(a[:, 1:].sum()) == 4.0
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.cat([a, torch.ones(2, 3)])
+        with pytest.raises(RuntimeError, match="same device"):
+            a @ torch.ones(3, 2)
+        assert (a + torch.tensor(1.0)).device.type == "cuda"  # a 0-dim CPU tensor mixes, as on CUDA
+        b = a.cpu()
+        assert type(b) is torch.Tensor and b.device.type == "cpu"
+        x = torch.ones(3, device="cuda", requires_grad=True)
+        (x * 2).sum().backward()
+        assert x.grad.device.type == "cuda" and torch.equal(x.grad.cpu(), torch.full((3,), 2.0))
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        with pytest.raises(RuntimeError, match="generator"):
+            torch.multinomial(torch.ones(4), 1, generator=gen)
+
+
+def test_the_stand_in_catches_the_mask_left_on_the_cpu():
+    """The bug of the first H200 run, reconstructed: a mask built on the CPU next to the
+    prompt's on the model's device."""
+    student, _ = _models()
+    p, pm = pad_left([prompt_ids("a1+2:"), prompt_ids("c12 34 56>78:")])
+    r, rm = pad_right([[5, 6, 7], [8, 9]])
+    with cuda_stand_in():
+        device = next(student.parameters()).device
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.cat([pm.to(device), torch.ones_like(rm[:, :-1])], dim=1)
+        out = response_logits(student, p, pm, r, rm)  # the fixed function
+        assert out.device.type == "cuda"
+    ref = response_logits(build_model("llama", "nano", seed=0), p, pm, r, rm)
+    assert torch.equal(out.cpu(), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# the hot paths
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lam,greedy", [(1.0, False), (-1.0, False), (0.5, False), (1.0, True)])
+def test_sampling_on_the_gpu_matches_the_cpu(lam, greedy):
+    """The sampler with both models on the GPU (a CUDA generator, the lambda mixture, stop ids,
+    the static decode mode and the stop check every STOP_CHECK steps) draws what the CPU does."""
+    prompts = [prompt_ids(x) for x in ("a1+2:", "c12 34 56>78:", "m347,291:")]
+    kw = dict(lam=lam, greedy=greedy, logratio_clip=5.0, plausibility_alpha=0.1, temperature=1.0)
+    ref = rollout.sample(build_model("llama", "nano", seed=0), prompts, 24,
+                         teacher=build_model("llama", "nano", seed=1).to(torch.bfloat16),
+                         generator=torch.Generator().manual_seed(3), **kw)
+    student, teacher = _models()
+    with cuda_stand_in():
+        gen = torch.Generator(device="cuda").manual_seed(3)
+        ro = rollout.sample(student, prompts, 24, teacher=teacher, generator=gen, **kw)
+    assert type(ro.tokens) is torch.Tensor and ro.tokens.device.type == "cpu"
+    assert torch.equal(ro.tokens, ref.tokens) and torch.equal(ro.mask, ref.mask)
+
+
+@pytest.mark.parametrize("policy,kl", [("off", "forward"), ("on", "reverse"), ("lambda", "sf"), ("on", "k3"),
+                                       ("off", "jsd"), ("on", "forward")])
+def test_distillation_runs_on_the_gpu_and_matches_the_cpu(policy, kl):
+    """A whole run (off-policy pool and teacher-logit cache, on-policy sampling, the loss and
+    its estimators, micro-batches, fused AdamW, warm-up) with both models on the GPU: no device
+    mix, and the history of the CPU run up to rounding (off the CPU the models keep their SDPA
+    attention instead of the CPU's eager one; the gradients are bf16)."""
+    assert kl in LOSS_KINDS
+    task = get_task("countdown-3")
+    pool = ProblemPool(task, "train", 64, seed=0)
+    cfg = dict(policy=policy, kl=kl, lam=0.5, steps=2, batch_size=4, fused_adamw=True, warmup=2,
+               micro_batch_size=2, compute_dtype="fp32")
+
+    def run(student, teacher):
+        offpd = offpd_rollouts(teacher, task, pool, 8, 1.0, seed=0, max_new_tokens=task.max_new_tokens)
+        return distill(student, teacher, task, RunConfig(**cfg), offpd=offpd, pool=pool, progress=False)
+
+    ref = run(build_model("llama", "nano", seed=0), build_model("llama", "nano", seed=1).to(torch.bfloat16).eval())
+    student, teacher = _models()
+    with cuda_stand_in():
+        res = run(student, teacher)
+        assert next(student.parameters()).device.type == "cuda"
+    assert len(res.history) == len(ref.history) == 2
+    for got, want in zip(res.history, ref.history):
+        assert got["length"] == want["length"]
+        for key, rel in (("loss", 1e-3), ("forward_kl", 1e-3), ("reverse_kl", 1e-3), ("grad_norm", 0.1)):
+            assert got[key] == pytest.approx(want[key], rel=rel, abs=1e-6), key
+
+
+def test_evaluation_pass_at_k_and_sparsity_on_the_gpu():
+    task = get_task("countdown-3")
+    problems = ProblemPool(task, "test", 6, seed=0).problems
+    cpu_model = build_model("llama", "nano", seed=0)
+    ref_acc = accuracy(cpu_model, task, problems)
+    ref_pass = pass_at_ks(cpu_model, task, problems, n=4, ks=(1, 2), seed=0)
+    student, _ = _models()
+    before = {k: v.detach().clone() for k, v in student.named_parameters()}
+    with cuda_stand_in():
+        acc = accuracy(student, task, problems)
+        got = pass_at_ks(student, task, problems, n=4, ks=(1, 2), seed=0)
+        with torch.no_grad():
+            next(student.parameters()).add_(1.0)
+        sparsity = update_sparsity(before, student)
+    assert acc == ref_acc and got == ref_pass
+    assert 0.0 < sparsity < 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# the GPU's decode mode, on the CPU
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("family,heads,kv", [("llama", 4, 2), ("qwen2", 4, 1)])
+def test_static_decode_mode_matches_the_sliced_one_and_transformers(family, heads, kv):
+    """The GPU's static mode (all columns attended, the unwritten ones masked, the column held
+    in a device tensor) gives the logits of the CPU's sliced mode and of transformers' own
+    KV-cached decoding, step by step (fp32)."""
+    model = build_model(family, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                                     num_key_value_heads=kv, intermediate_size=96), seed=3).eval()
+    prompts = [prompt_ids("c12 34 56>78:"), prompt_ids("a1+2:"), prompt_ids("vhouse:")]
+    rng = random.Random(0)
+    feed = [torch.tensor([rng.randrange(3, 98) for _ in prompts]) for _ in range(6)]
+    with torch.no_grad():
+        static = rollout._StaticStepper(model, prompts, len(feed), static=True, graph=False)
+        sliced = rollout._StaticStepper(model, prompts, len(feed), static=False)
+        ref = rollout._Stepper(model, prompts)
+        for tok in [None] + feed:
+            if tok is not None:
+                for st in (static, sliced, ref):
+                    st.feed(tok)
+            assert torch.allclose(static.last, sliced.last, atol=1e-5), (static.last - sliced.last).abs().max()
+            assert torch.allclose(static.last, ref.last, atol=1e-4), (static.last - ref.last).abs().max()
+
+
+def test_the_stop_check_every_few_steps_gives_the_same_rollout(monkeypatch):
+    """Checking "every row has stopped" every STOP_CHECK steps (a GPU's setting) and cutting the
+    columns decoded after, gives the rollout of checking every step."""
+    model = build_model("llama", "nano", seed=0)
+    prompts = [prompt_ids(x) for x in ("a1+2:", "c12 34 56>78:")]
+    every = rollout.sample(model, prompts, 40, greedy=True)
+    monkeypatch.setattr(rollout, "STOP_CHECK", 7)
+    with cuda_stand_in():
+        sparse = rollout.sample(to_stand_in(build_model("llama", "nano", seed=0)), prompts, 40, greedy=True)
+    assert torch.equal(every.tokens, sparse.tokens) and torch.equal(every.mask, sparse.mask)
+
+
+def test_positions_and_padding_helpers_stay_on_the_device_they_are_given():
+    with cuda_stand_in():
+        ids, mask = pad_left([[1, 2], [3]])
+        pos = positions(mask.to("cuda"))
+        assert pos.device.type == "cuda"

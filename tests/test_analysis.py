@@ -18,6 +18,7 @@ from kdlab.analysis import explore, findings, gradients as ga, spectrum, stats, 
 from kdlab.analysis.synthetic import SyntheticEffects, synthetic_results
 from kdlab.analysis.table import main_grid, prepare_results, resolve_path, variant_columns
 from kdlab.kl import token_kl
+from test_findings_parts import GRADIENTS_OK, _followups, _paper
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -295,13 +296,49 @@ def test_explorer_functions(results):
 # ------------------------------------------------------------------------------------- statistics
 
 
-def test_holm_matches_statsmodels():
-    from statsmodels.stats.multitest import multipletests
+def _holm_step_down(p):
+    """The step-down Holm adjustment written out (kdlab's own code before statsmodels replaced it)."""
+    p = np.asarray(p, dtype=np.float64)
+    out = np.full_like(p, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    running = 0.0
+    for rank, idx in enumerate(ok[np.argsort(p[ok], kind="stable")]):
+        running = max(running, min(1.0, (ok.size - rank) * p[idx]))
+        out[idx] = running
+    return out
 
+
+def _wilson_closed_form(k, n, z=1.959963984540054):
+    """Wilson score interval, closed form: (p + z^2/2n +- z sqrt(p(1-p)/n + z^2/4n^2)) / (1 + z^2/n)."""
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def test_holm_is_statsmodels_and_matches_the_step_down_by_hand():
+    # by hand: sorted 0.005, 0.01, 0.03, 0.04, 0.2 times 5, 4, 3, 2, 1 -> 0.025, 0.04, 0.09, 0.08 -> 0.09 (monotone), 0.2
     p = np.array([0.01, 0.04, 0.03, 0.2, 0.005])
-    np.testing.assert_allclose(stats.holm(p), multipletests(p, method="holm")[1])
+    np.testing.assert_allclose(stats.holm(p), [0.04, 0.09, 0.09, 0.2, 0.025])
+    rng = np.random.default_rng(0)
+    for case in ([0.02, np.nan, 0.01], [0.5, 0.6, 0.9], [0.01, 0.01, 0.01], [0.3], [], rng.uniform(0, 0.2, 12),
+                 np.r_[rng.uniform(0, 1, 6), np.nan, np.nan]):
+        np.testing.assert_allclose(stats.holm(case), _holm_step_down(case), rtol=1e-12)  # NaN where NaN
     out = stats.holm([0.02, np.nan, 0.01])
-    assert math.isnan(out[1]) and out[2] == pytest.approx(0.02)
+    assert math.isnan(out[1]) and out[2] == pytest.approx(0.02)  # NaN is not counted: m = 2
+    assert stats.holm([0.5, 0.6, 0.9]).max() == 1.0  # capped at 1
+
+
+def test_wilson_is_statsmodels_and_matches_the_closed_form():
+    from statsmodels.stats.proportion import proportion_confint
+
+    # published 95% Wilson intervals: 0/10 -> [0, 0.2775], 5/10 -> [0.2366, 0.7634]
+    np.testing.assert_allclose(findings.wilson(0, 10), (0.0, 0.2775), atol=5e-5)
+    np.testing.assert_allclose(findings.wilson(5, 10), (0.2366, 0.7634), atol=5e-5)
+    for k, n in ((0, 10), (5, 10), (10, 10), (1, 3), (10, findings.FOLLOWUP_EVAL_N), (199, 200), (3, 72)):
+        np.testing.assert_allclose(findings.wilson(k, n), _wilson_closed_form(k, n), atol=1e-12)
+        assert findings.wilson(k, n) == pytest.approx(proportion_confint(k, n, alpha=0.05, method="wilson"))
+    assert all(math.isnan(x) for x in findings.wilson(0, 0))
 
 
 def test_anova_partial_eta_squared_by_hand():
@@ -361,29 +398,49 @@ def test_seed_variance_and_mixed_model(results):
 # --------------------------------------------------------------------------------------- findings
 
 
-def _verdicts(df: pd.DataFrame, gradients: pd.DataFrame | None = None) -> dict[int, str]:
+def _board(df: pd.DataFrame, gradients: pd.DataFrame | None = None) -> pd.DataFrame:
     board = findings.scoreboard(prepare_results(df), gradients)
-    assert list(board["finding"]) == list(range(1, 14))
-    return dict(zip(board["finding"], board["verdict"]))
+    assert list(findings.summary_rows(board)["finding"]) == list(range(1, 14))
+    return board
+
+
+def _verdicts(df: pd.DataFrame, gradients: pd.DataFrame | None = None) -> dict[int, str]:
+    """Each finding's own line (its summary row)."""
+    s = findings.summary_rows(_board(df, gradients))
+    return dict(zip(s["finding"], s["verdict"]))
+
+
+def _part_verdicts(df: pd.DataFrame, gradients: pd.DataFrame | None = None) -> dict[str, str]:
+    """Each part's verdict by its label ("2a")."""
+    p = findings.part_rows(_board(df, gradients))
+    return dict(zip(p["label"], p["verdict"]))
 
 
 def test_scoreboard_on_planted_paper_directions(results):
+    board = _board(results)
+    ran = board[board["finding"].isin([1, 2, 3, 4, 5, 7, 8, 9, 10, 13])]
+    parts = findings.part_rows(ran)
+    assert (parts["verdict"] == "reproduced").all(), parts[["label", "verdict", "detail"]]
+    for _, s in findings.summary_rows(ran).iterrows():
+        n = s["n_parts"]
+        assert s["verdict"] == ("reproduced" if n == 1 else f"{n} of {n} parts reproduced"), s["verdict"]
     v = _verdicts(results)
-    assert {n: v[n] for n in (1, 2, 3, 4, 5, 7, 8, 9, 10, 13)} == {n: "reproduced" for n in (1, 2, 3, 4, 5, 7, 8, 9, 10, 13)}
     assert v[6] == v[11] == v[12] == "not run"
 
 
-@pytest.mark.parametrize("effects, finding", [
-    (SyntheticEffects(policy_accuracy=0.10), 1),
-    (SyntheticEffects(forgetting_low=-0.12, forgetting_high=-0.005), 3),
-    (SyntheticEffects(off_sparsity_gain=-0.05), 4),
-    (SyntheticEffects(forgetting_low=-0.08), 5),
-    (SyntheticEffects(reverse_lambda_slope=-0.08), 8),
-    (SyntheticEffects(coverage_gap=(0.05, 0.15)), 9),
-    (SyntheticEffects(variant_slope=-0.06), 10),
+@pytest.mark.parametrize("effects, part", [
+    (SyntheticEffects(policy_accuracy=0.10), "1a"),
+    (SyntheticEffects(forgetting_low=-0.12, forgetting_high=-0.005), "3a"),
+    (SyntheticEffects(off_sparsity_gain=-0.05), "4b"),
+    (SyntheticEffects(forgetting_low=-0.08), "5b"),
+    (SyntheticEffects(reverse_lambda_slope=-0.08), "8a"),
+    (SyntheticEffects(coverage_gap=(0.05, 0.15)), "9a"),
+    (SyntheticEffects(variant_slope=-0.06), "10b"),
 ])
-def test_verdict_flips_when_the_planted_effect_flips(effects, finding):
-    assert _verdicts(synthetic_results(effects))[finding] == "not reproduced"
+def test_verdict_flips_when_the_planted_effect_flips(effects, part):
+    df = synthetic_results(effects)
+    assert _part_verdicts(df)[part] == "not reproduced"
+    assert "not reproduced" in _verdicts(df)[int(part[:-1])]  # the line says so, counting the parts
 
 
 def test_findings_not_run_without_the_data():
@@ -391,7 +448,7 @@ def test_findings_not_run_without_the_data():
     v = _verdicts(one_seed.drop(columns=["countdown-4e_accuracy"]))
     assert v[1] == "not run" and v[8] == "not run" and v[10] == "not run"
     r = findings.finding_1(prepare_results(one_seed))
-    assert "2 seeds" in r.detail and np.isnan(r.statistic)
+    assert "2 seeds" in r.detail and np.isnan(r.statistic) and not r.parts
     no_lambda = synthetic_results(lambdas=())
     assert _verdicts(no_lambda)[7] == "not run"
 
@@ -400,119 +457,23 @@ def test_finding_6_uses_the_gradient_table():
     ok = pd.DataFrame({"direction": ["forward", "reverse"], "max_abs_entry": [0.9, 3.0], "dist_logit": [0.1, 0.5],
                        "tv": [0.2, 0.2]})
     df = synthetic_results()
-    assert _verdicts(df, ok)[6] == "inconclusive"  # one forward pair: fewer than F6_MIN_PAIRS
-    assert _verdicts(df, GRADIENTS_OK)[6] == "reproduced"
-    bad = ok.assign(max_abs_entry=[1.2, 3.0])
-    assert _verdicts(df, bad)[6] == "not reproduced"
+    one = _part_verdicts(df, ok)  # one forward pair: fewer than F6_MIN_PAIRS
+    assert (one["6a"], one["6b"], one["6c"]) == ("reproduced", "inconclusive", "reproduced")
+    assert _verdicts(df, ok)[6] == "2 of 3 parts reproduced (1 inconclusive)"
+    assert _verdicts(df, GRADIENTS_OK)[6] == "3 of 3 parts reproduced"
+    bad = _part_verdicts(df, ok.assign(max_abs_entry=[1.2, 3.0]))
+    assert bad["6a"] == "not reproduced" and bad["6c"] == "reproduced"
 
 
 def test_findings_11_and_12_with_planted_columns():
     df = prepare_results(synthetic_results())
     low = df["lr"] == df["lr"].min()
     rl = np.where((df.policy == "off") & (df.kl == "forward") & low, 0.6, np.where((df.kl == "reverse") & low, 0.1, 0.4))
-    assert findings.finding_11(df.assign(rlvr_accuracy=rl)).verdict == "reproduced"
-    assert findings.finding_11(df.assign(rlvr_accuracy=1 - rl)).verdict == "not reproduced"
+    assert findings.finding_11(df.assign(rlvr_accuracy=rl)).verdict == "2 of 2 parts reproduced"
+    assert findings.finding_11(df.assign(rlvr_accuracy=1 - rl)).verdict == "0 of 2 parts reproduced (2 not reproduced)"
     style = np.where((df.policy == "on") & (df.kl == "reverse"), 0.05, 0.95)
-    assert findings.finding_12(df.assign(style_share=style)).verdict == "reproduced"
-    assert findings.finding_12(df.assign(style_share=1 - style)).verdict == "not reproduced"
-
-
-def _paper(seeds=(0, 1, 2), **effects) -> pd.DataFrame:
-    """The paper's directions (or ``effects``) on two tasks with the robustness runs."""
-    return prepare_results(synthetic_results(SyntheticEffects(**effects), tasks=("countdown-3", "kb-mc"),
-                                             robustness=True, seeds=seeds))
-
-
-def _noisy(**effects) -> pd.DataFrame:
-    """Two seeds and a 10-point seed SD: the tests cannot tell."""
-    return _paper(seeds=(0, 1), **{"noise": 0.10, "reverse_high_noise": 0.0, **effects})
-
-
-def _forward_tilted(df: pd.DataFrame) -> pd.DataFrame:
-    """Forward-KL accuracy at the low lr moved by 15 points per unit lambda (not robust on the spectrum)."""
-    out = df.copy()
-    rows = (out.kl == "forward") & (out.lr == out.lr.min())
-    out.loc[rows, "accuracy"] += 0.15 * out.loc[rows, "lam"]
-    return out
-
-
-def _followups(df: pd.DataFrame, flip: bool = False, noise: float = 0.01, near: bool = False) -> pd.DataFrame:
-    """rlvr_accuracy and style_share on every main-grid run (replicated over seeds), planted in the
-    paper's direction (``flip``: the opposite; ``near``: close to the bounds, so noise decides)."""
-    rng = np.random.default_rng(3)
-    out = df.copy()
-    low = out.lr == out.lr.min()
-    off_fwd_low = (out.policy == "off") & (out.kl == "forward") & low
-    rl = np.where(off_fwd_low, 0.6, np.where((out.kl == "reverse") & low, 0.1, 0.4))
-    on_rev = (out.policy == "on") & (out.kl == "reverse")
-    style = np.where(on_rev, 0.45 if near else 0.05, 0.55 if near else 0.95)
-    if near:
-        rl = np.where(off_fwd_low, 0.42, np.where((out.kl == "reverse") & low, 0.40, 0.41))
-    if flip:
-        rl, style = 1 - rl, 1 - style
-    out["rlvr_accuracy"] = np.clip(rl + rng.normal(0, noise, len(out)), 0, 1)
-    out["style_share"] = np.clip(style + rng.normal(0, noise, len(out)), 0, 1)
-    return out
-
-
-GRADIENTS_OK = pd.DataFrame({"direction": ["forward"] * 4 + ["reverse"] * 4, "max_abs_entry": [0.9, 0.8, 0.95, 0.7, 3.0, 2.0, 4.0, 1.5],
-                             "dist_logit": [0.1, 0.2, 0.15, 0.05, 0.5, 0.1, 0.9, 0.2], "tv": [0.2, 0.3, 0.1, 0.1, 0.2, 0.2, 0.2, 0.2]})
-
-# (finding, verdict) -> (table, gradient table): each finding reaches each of its four verdicts.
-VERDICT_CASES = {
-    (1, "reproduced"): lambda: (_paper(), None),
-    (1, "not reproduced"): lambda: (_paper(policy_accuracy=0.10), None),
-    (1, "inconclusive"): lambda: (_noisy(), None),
-    (2, "reproduced"): lambda: (_paper(), None),
-    (2, "not reproduced"): lambda: (_paper(reverse_low=0.72, reverse_high=0.72, reverse_lambda_slope=0.0,
-                                           policy_accuracy=0.2), None),
-    (2, "inconclusive"): lambda: (_noisy(), None),
-    (3, "reproduced"): lambda: (_paper(), None),
-    (3, "not reproduced"): lambda: (_paper(forgetting_low=-0.12, forgetting_high=-0.005), None),
-    (3, "inconclusive"): lambda: (_noisy(forgetting_high=-0.02), None),
-    (4, "reproduced"): lambda: (_paper(), None),
-    (4, "not reproduced"): lambda: (_paper(off_sparsity_gain=-0.05), None),
-    (4, "inconclusive"): lambda: (_noisy(), None),
-    (5, "reproduced"): lambda: (_paper(), None),
-    (5, "not reproduced"): lambda: (_paper(forgetting_low=-0.08), None),
-    (5, "inconclusive"): lambda: (_noisy(), None),
-    (6, "reproduced"): lambda: (_paper(), GRADIENTS_OK),
-    (6, "not reproduced"): lambda: (_paper(), GRADIENTS_OK.assign(max_abs_entry=[1.2, 0.8, 0.95, 0.7, 3.0, 2.0, 4.0, 1.5])),
-    (6, "inconclusive"): lambda: (_paper(), GRADIENTS_OK.iloc[[0, 4]]),
-    (7, "reproduced"): lambda: (_paper(), None),
-    (7, "not reproduced"): lambda: (_forward_tilted(_paper()), None),
-    (7, "inconclusive"): lambda: (_noisy(), None),
-    (8, "reproduced"): lambda: (_paper(), None),
-    (8, "not reproduced"): lambda: (_paper(reverse_lambda_slope=-0.08), None),
-    (8, "inconclusive"): lambda: (_noisy(), None),
-    (9, "reproduced"): lambda: (_paper(), None),
-    (9, "not reproduced"): lambda: (_paper(coverage_gap=(0.05, 0.15)), None),
-    (9, "inconclusive"): lambda: (_noisy(coverage_gap=(0.05, 0.05)), None),
-    (10, "reproduced"): lambda: (_paper(), None),
-    (10, "not reproduced"): lambda: (_paper(variant_slope=-0.06), None),
-    (10, "inconclusive"): lambda: (_noisy(), None),
-    (11, "reproduced"): lambda: (_followups(_paper()), None),
-    (11, "not reproduced"): lambda: (_followups(_paper(), flip=True), None),
-    (11, "inconclusive"): lambda: (_followups(_paper(), noise=0.2, near=True), None),
-    (12, "reproduced"): lambda: (_followups(_paper()), None),
-    (12, "not reproduced"): lambda: (_followups(_paper(), flip=True), None),
-    (12, "inconclusive"): lambda: (_followups(_paper(), noise=0.2, near=True), None),
-    (13, "reproduced"): lambda: (_paper(), None),
-    (13, "not reproduced"): lambda: (_paper(policy_accuracy=0.10), None),
-    (13, "inconclusive"): lambda: (_noisy(), None),
-}
-
-
-@pytest.mark.parametrize("finding, verdict", sorted(VERDICT_CASES))
-def test_each_finding_reaches_each_verdict(finding, verdict):
-    """Three-valued verdicts on synthetic tables: the paper's directions with power (reproduced),
-    the planted effect reversed (not reproduced), two noisy seeds (inconclusive)."""
-    df, gradients = VERDICT_CASES[finding, verdict]()
-    r = findings.finding_6(df, gradients) if finding == 6 else findings.FINDINGS[finding](df)
-    assert r.verdict == verdict, r.detail
-    assert r.parts and r.statistic_name and np.isfinite(r.statistic)
-    if r.parts[0].estimate.method != "bootstrap share":
-        assert r.ci_low <= r.statistic <= r.ci_high  # the headline statistic lies in its 95% interval
+    assert findings.finding_12(df.assign(style_share=style)).verdict == "2 of 2 parts reproduced"
+    assert findings.finding_12(df.assign(style_share=1 - style)).verdict == "0 of 2 parts reproduced (2 not reproduced)"
 
 
 def test_each_finding_is_not_run_without_its_data():
@@ -535,11 +496,13 @@ def test_single_runs_of_the_follow_ups_get_binomial_intervals():
 
     far = one_run(_followups(df, noise=0.0))
     r12 = findings.finding_12(far)
-    assert r12.verdict == "reproduced" and r12.parts[0].estimate.method == "binomial"
+    assert r12.verdict == "2 of 2 parts reproduced" and r12.part("a").estimate.method == "binomial"
     lo, hi = findings.wilson(10, findings.FOLLOWUP_EVAL_N)
-    assert r12.ci_low < 0.05 < r12.ci_high and 0 < lo < hi < 0.15
-    assert findings.finding_12(one_run(_followups(df, noise=0.0, near=True))).verdict == "inconclusive"
-    assert findings.finding_11(far).verdict == "reproduced"
+    a = r12.part("a").estimate
+    assert a.lo < 0.05 < a.hi and 0 < lo < hi < 0.15
+    near = findings.finding_12(one_run(_followups(df, noise=0.0, near=True)))
+    assert [p.verdict for p in near.parts] == ["inconclusive", "inconclusive"]
+    assert findings.finding_11(far).verdict == "2 of 2 parts reproduced"
 
 
 def test_verdict_rules_and_scoreboard_columns():
@@ -549,13 +512,15 @@ def test_verdict_rules_and_scoreboard_columns():
     assert findings.decide_equivalent(findings.Estimate(0.1, -0.3, 0.4), 0.5) == "reproduced"
     assert findings.decide_equivalent(findings.Estimate(0.1, -0.3, 0.6), 0.5) == "inconclusive"
     assert findings.decide_equivalent(findings.Estimate(0.8, 0.6, 1.0), 0.5) == "not reproduced"
-    assert findings.combine(["reproduced", "inconclusive"]) == "inconclusive"
-    assert findings.combine(["reproduced", "not reproduced", "inconclusive"]) == "not reproduced"
+    assert findings.summarize(["reproduced", "inconclusive"]) == "1 of 2 parts reproduced (1 inconclusive)"
+    assert findings.summarize(["reproduced", "not reproduced", "inconclusive"]) == \
+        "1 of 3 parts reproduced (1 not reproduced, 1 inconclusive)"
     assert findings.SPARSITY_EQUIVALENCE_POINTS == 0.5
     board = findings.scoreboard(_paper())
     assert list(board.columns) == findings.SCOREBOARD_COLUMNS
-    assert set(board["verdict"]) <= set(findings.VERDICTS)
-    ran = board[board.verdict != "not run"]
+    parts = findings.part_rows(board)
+    assert set(parts["verdict"]) <= set(findings.VERDICTS)
+    ran = parts[parts.verdict != "not run"]
     assert ran[["statistic", "ci_low", "ci_high", "threshold"]].notna().all().all()
     assert (board.loc[board.verdict == "not run", "detail"].str.len() > 0).all()
     # the same table gives the same verdicts and intervals (fixed bootstrap seed)
@@ -628,8 +593,9 @@ def test_notebook_70_statistics(study_dir, tmp_path):
     run_notebook("70_statistics", tmp_path, study_dir=str(study_dir))
     out = study_dir / "analysis" / "70_statistics"
     board = json.loads((out / "scoreboard.json").read_text())
-    assert [r["finding"] for r in board] == list(range(1, 14))
+    assert [r["finding"] for r in board if not r["part"]] == list(range(1, 14))
     expected = findings.scoreboard(prepare_results(pd.read_parquet(study_dir / "results.parquet")))
+    assert [r["label"] for r in board] == list(expected["label"])
     assert [r["verdict"] for r in board] == list(expected["verdict"])
     knobs = pd.read_csv(out / "knob_table.csv", index_col=0)
     assert knobs["forgetting"].idxmax() == "lr"

@@ -99,18 +99,15 @@ def knob_table(df: pd.DataFrame, metrics: list[str], factors: tuple[str, ...] = 
 
 
 def holm(pvalues: object) -> np.ndarray:
-    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1); NaN stays NaN."""
+    """Holm-Bonferroni adjusted p-values (step-down, monotone, capped at 1) of the finite entries,
+    by statsmodels' ``multipletests(method="holm")``; NaN stays NaN and is not counted."""
+    from statsmodels.stats.multitest import multipletests
+
     p = np.asarray(pvalues, dtype=np.float64)
     out = np.full_like(p, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    m = ok.size
-    if m == 0:
-        return out
-    order = ok[np.argsort(p[ok], kind="stable")]
-    running = 0.0
-    for rank, idx in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[idx]))
-        out[idx] = running
+    ok = np.isfinite(p)
+    if ok.any():
+        out[ok] = multipletests(p[ok], method="holm")[1]
     return out
 
 

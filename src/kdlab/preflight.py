@@ -8,8 +8,8 @@ problem. For a real profile (``pretrained.student`` set) it checks that
   loaded: an 8B teacher would take minutes);
 - teacher and student tokenizers agree token for token (the first mismatches shown);
 - every data file exists and every row has the fields its kind needs (the task is built);
-- the follow-ups that need kdlab's toy tasks (RLVR on countdown, the style teacher, harder
-  countdown variants) are not asked for.
+- the follow-ups that read countdown (RLVR, the style runs, harder countdown variants) have a
+  countdown task among ``pretrained.tasks``.
 
 - no path is a placeholder such as ``/path/to/...`` (the example profiles' stand-ins).
 
@@ -89,12 +89,13 @@ def check_profile(profile: Profile) -> None:
     for key, value in paths:
         if PLACEHOLDER in value:
             raise ConfigError(f"{key}: {value!r} is a placeholder; replace it with a local path")
-    if profile.rlvr.enabled:
-        raise ConfigError("rlvr.enabled: the RLVR follow-up runs on kdlab's countdown tasks and toy models only; "
-                          "set it to false for a pretrained profile")
-    if profile.style.enabled:
-        raise ConfigError("style.enabled: the style teacher is a toy model; for real checkpoints use "
-                          "pretrained.teacher_system_prompt (a system turn only the teacher sees)")
+    countdown = any(t.kind == "countdown" for t in pre.tasks)
+    if profile.rlvr.enabled and not countdown:
+        raise ConfigError(f"rlvr.enabled: GRPO's reward is the countdown verifier (rlvr.task {profile.rlvr.task}); "
+                          "a pretrained profile has it only with a countdown task in pretrained.tasks")
+    if profile.style.enabled and not countdown:
+        raise ConfigError(f"style.enabled: the style runs distil countdown (style.task {profile.style.task}); "
+                          "a pretrained profile has them only with a countdown task in pretrained.tasks")
     if profile.eval.harder and not any(t.kind == "countdown" for t in pre.tasks):
         raise ConfigError(f"eval.harder: {profile.eval.harder} are countdown variants; a pretrained profile has them "
                           "only with a countdown task")

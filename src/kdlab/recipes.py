@@ -50,8 +50,10 @@ def _digest(obj: Any) -> str:
 
 
 def fine_tuned(profile: Profile, root: str | Path, role: str, tasks: list[str], spec: SFTSpec, base: Path,
-               train: bool = True, progress: bool = True) -> Path:
-    """The checkpoint of ``base`` fine-tuned with ``spec`` on ``tasks`` (built once, then reused)."""
+               train: bool = True, progress: bool = True, mixture: list | None = None) -> Path:
+    """The checkpoint of ``base`` fine-tuned with ``spec`` on ``tasks`` (built once, then reused).
+    ``mixture`` ([(task, weight), ...]; default ``sft_mixture`` of ``tasks``) is what it trains
+    on; ``tasks`` then names it in the key (e.g. the style teacher's tasks and weights)."""
     from .materials import model_id
 
     key = {"role": role, "base": model_id(base), "tasks": tasks, "sft": asdict(spec),
@@ -62,7 +64,7 @@ def fine_tuned(profile: Profile, root: str | Path, role: str, tasks: list[str], 
         return path
     if not train:
         raise FileNotFoundError(f"model {role} for profile {profile.name!r} is not built at {path}; run `kdlab teachers`")
-    return _train(profile, path, key, tasks, spec, base, progress)
+    return _train(profile, path, key, mixture or sft_mixture(profile, tasks, spec), spec, base, progress)
 
 
 def sft_mixture(profile: Profile, tasks: list[str], spec: SFTSpec) -> list:
@@ -78,7 +80,7 @@ def sft_mixture(profile: Profile, tasks: list[str], spec: SFTSpec) -> list:
     return mix
 
 
-def _train(profile: Profile, path: Path, key: dict[str, Any], tasks: list[str], spec: SFTSpec, base: Path,
+def _train(profile: Profile, path: Path, key: dict[str, Any], mixture: list, spec: SFTSpec, base: Path,
            progress: bool) -> Path:
     from . import materials
     from .atomic import write_dir_atomic
@@ -89,8 +91,7 @@ def _train(profile: Profile, path: Path, key: dict[str, Any], tasks: list[str], 
     model, codec = materials.load_model(profile, base, "fp32", train=True)  # fp32 master, bf16 autocast
     sched = SFTSchedule(steps=spec.steps, batch_size=spec.batch_size, lr=spec.lr, warmup=spec.warmup, seed=spec.seed,
                         micro_batch_size=spec.micro_batch_size, pool_size=5000)
-    history = sft(model, sft_mixture(profile, tasks, spec), sched, desc=f"train {key['role']}", progress=progress,
-                  codec=codec)
+    history = sft(model, mixture, sched, desc=f"train {key['role']}", progress=progress, codec=codec)
     model.to(torch.bfloat16)  # frozen teachers and distilled students are bf16, as the toy's are
 
     def fill(tmp: Path) -> None:

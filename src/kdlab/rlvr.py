@@ -1,7 +1,9 @@
 """RLVR follow-up: GRPO with a verifiable reward (the task's verifier), started from any checkpoint.
 
 One GRPO step: draw ``prompts_per_step`` problems, sample ``group_size`` responses per problem from
-the current policy (``kdlab.rollout.sample`` with lam = +1, i.e. student only), score each with
+the current policy (``kdlab.rollout.sample`` with lam = +1, i.e. student only; the ``codec``,
+``kdlab.codec``, renders the prompts and decodes the responses, so a toy model and a real Hugging
+Face checkpoint train the same way, as in distillation), score each with
 ``task.score`` (0/1 for countdown), turn rewards into per-group normalised advantages, and take
 ``inner_epochs`` AdamW steps on the PPO-style clipped objective (optionally with a k3 KL penalty
 to the frozen starting model). There is no value network and no learned reward.
@@ -27,14 +29,14 @@ import torch
 from tqdm.auto import tqdm
 
 from .batching import pad_left, response_logits
-from .data import ProblemPool, prompt_ids
+from .codec import CHAR
+from .data import ProblemPool
+from .distill import DTYPES, all_finite
 from .evaluate import accuracy
 from .kl import sampled_kl
 from .rollout import sample
 from .tasks.base import Problem, Task
-from .tokenizer import decode
 
-from .distill import DTYPES, all_finite  # noqa: E402
 NORMALISATIONS = ("sequence", "token")
 
 
@@ -113,7 +115,7 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
         logp_new: (B, R) log-probs of the sampled tokens under the policy being trained (with grad).
         logp_old: (B, R) log-probs under the policy that sampled them (treated as constants).
         advantages: (B,) one advantage per response (constants).
-        mask: (B, R) bool, True on response tokens (up to and including </s>).
+        mask: (B, R) bool, True on response tokens (up to and including the stop token).
         clip_eps: PPO clip range (> 0).
         kl_coef: weight of the KL penalty (>= 0); > 0 needs ``logp_ref``.
         logp_ref: (B, R) log-probs under the frozen reference model (constants).
@@ -289,14 +291,22 @@ class RLVRConfig:
 
 
 def _sequence_logprobs(model: torch.nn.Module, prompts: torch.Tensor, prompt_mask: torch.Tensor,
-                       tokens: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
-    return token_logprobs(response_logits(model, prompts, prompt_mask, tokens, mask), tokens, temperature)
+                       tokens: torch.Tensor, mask: torch.Tensor, temperature: float,
+                       vocab_size: int | None = None) -> torch.Tensor:
+    """(B, R) float32 log-probs of the sampled ``tokens`` (B, R) after left-padded ``prompts``
+    (B, P), over the first ``vocab_size`` logits (the codec's: embedding rows beyond the tokenizer
+    are never sampled)."""
+    logits = response_logits(model, prompts, prompt_mask, tokens, mask, vocab_size)  # (B, R, V)
+    return token_logprobs(logits, tokens, temperature)
 
 
 def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: ProblemPool,
                eval_problems: list[Problem] | None = None, eval_every: int = 0,
-               progress: bool = True, desc: str = "grpo") -> dict[str, Any]:
+               progress: bool = True, desc: str = "grpo", codec=CHAR) -> dict[str, Any]:
     """Train ``model`` in place (cast to ``cfg.dtype``) with GRPO on ``task``'s verifier.
+
+    ``codec`` (``kdlab.codec``) renders prompts, pads, stops and decodes, for sampling, the loss
+    and evaluation alike (default: kdlab's char tokenizer; ``HFCodec`` for a real checkpoint).
 
     ``pool`` supplies training problems; ``eval_problems`` (optional) are scored with greedy
     pass@1 (``kdlab.evaluate.accuracy``) before training and after every ``eval_every`` steps
@@ -306,7 +316,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
     Returns a dict with ``history`` (one entry per step: ``step``, ``reward_mean``,
     ``reward_std``, ``solved_groups`` (share of groups with at least one reward > 0),
     ``zero_adv_groups`` (share of groups whose rewards are all equal: no policy gradient),
-    ``length`` (mean response tokens incl. </s>), ``loss``, ``clip_frac``, ``ratio_mean``, ``kl``,
+    ``length`` (mean response tokens incl. the stop token), ``loss``, ``clip_frac``, ``ratio_mean``, ``kl``,
     ``grad_norm`` (before clipping, last inner epoch), ``accuracy`` (None when not evaluated
     at that step) and ``collapsed`` (the collapse detector on the history so far)),
     ``initial_accuracy`` / ``final_accuracy`` (None without eval problems), ``collapsed``,
@@ -333,7 +343,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         if not eval_problems:
             return None
         t0 = time.perf_counter()
-        acc = accuracy(model, task, eval_problems)
+        acc = accuracy(model, task, eval_problems, codec=codec)
         phase["eval"] += time.perf_counter() - t0
         return acc
 
@@ -346,23 +356,25 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         t0 = time.perf_counter()
         problems = pool.sample(P, rng)
         group_problems = [p for p in problems for _ in range(G)]  # row i*G + g: problem i, sample g
-        prompts = [prompt_ids(p.prompt) for p in group_problems]
+        prompts = [codec.prompt(p.prompt) for p in group_problems]
         model.eval()
-        ro = sample(model, prompts, max_new, lam=1.0, temperature=cfg.temperature, generator=gen)
-        texts = [decode(row) for row in ro.token_lists()]
+        ro = sample(model, prompts, max_new, lam=1.0, temperature=cfg.temperature, generator=gen, codec=codec)
+        texts = [codec.decode(row) for row in ro.token_lists()]
         rewards = verifiable_rewards(task, group_problems, texts).view(P, G)
-        adv = group_advantages(rewards, normalise_std=cfg.normalise_std).reshape(P * G)
-        sp, spm = pad_left(prompts)
-        tokens, mask = ro.tokens, ro.mask
+        device = next(model.parameters()).device  # the rollout comes back on the CPU
+        adv = group_advantages(rewards, normalise_std=cfg.normalise_std).reshape(P * G).to(device)
+        sp, spm = pad_left(prompts, codec.pad_id)
+        tokens, mask = ro.tokens.to(device), ro.mask.to(device)
         t1 = time.perf_counter()
 
         with torch.no_grad():
-            logp_ref = _sequence_logprobs(ref, sp, spm, tokens, mask, cfg.temperature) if ref is not None else None
+            logp_ref = (_sequence_logprobs(ref, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
+                        if ref is not None else None)
         logp_old = None
         loss_val, stats, gnorm = float("nan"), {}, float("nan")
         model.train()
         for _epoch in range(cfg.inner_epochs):
-            logp_new = _sequence_logprobs(model, sp, spm, tokens, mask, cfg.temperature)
+            logp_new = _sequence_logprobs(model, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
             if logp_old is None:  # the sampling policy: ratio exactly 1 on the first epoch
                 logp_old = logp_new.detach()
             loss, stats = grpo_loss(logp_new, logp_old, adv, mask, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,

@@ -24,8 +24,7 @@ from .evaluate import accuracy, pass_at_ks
 from .atomic import write_atomic, write_json_atomic
 from .kl import SAMPLED_KINDS
 from .metrics import update_sparsity
-from .models import load_checkpoint, save_checkpoint
-from .tasks import get_task
+from .models import save_checkpoint
 from .tasks.base import Problem, held_out
 
 TRAIN_POOL = 5000  # distinct training problems a run draws its prompts from
@@ -137,16 +136,17 @@ def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teac
     return problems, responses
 
 
-def style_metrics(model: torch.nn.Module, profile: Profile) -> dict[str, float]:
+def style_metrics(model: torch.nn.Module, profile: Profile, codec=CHAR) -> dict[str, float]:
     """``style_*`` metrics of a model on the student's own (uninstructed) prompts of
-    ``style.n_test`` test problems of ``style.task`` (``kdlab.style.style_report``, greedy):
+    ``style.n_test`` test problems of ``style.task`` (``kdlab.style.style_report``, greedy, through
+    ``codec``; the task as the profile's models read it, ``materials.target_task``):
     ``style_adoption`` (share of styled outputs in the teacher's alt notation; NaN when none is
     styled), ``style_styled_share``, ``style_accuracy`` and the counts ``style_plain`` /
     ``style_alt`` / ``style_none``."""
     from .style import style_report
 
-    task = get_task(profile.style.task, trace=profile.trace)
-    rep = style_report(model, task, held_out(task, profile.style.n_test, seed=profile.data_seed))
+    task = materials.target_task(profile, profile.style.task)
+    rep = style_report(model, task, held_out(task, profile.style.n_test, seed=profile.data_seed), codec=codec)
     return {"style_adoption": rep["adoption"], "style_styled_share": rep["styled_share"],
             "style_accuracy": rep["accuracy"], **{f"style_{k}": rep[k] for k in ("plain", "alt", "none")}}
 
@@ -184,7 +184,7 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     # distilled student is judged in it, as the toy base is (``base_evaluation``: fp32)
     arith = compute_dtype_of(cfg, next(student.parameters()).device)
     teacher = upcast(teacher, arith)
-    base_style = {f"base_{k}": v for k, v in style_metrics(student, profile).items()} if style else {}
+    base_style = {f"base_{k}": v for k, v in style_metrics(student, profile, codec).items()} if style else {}
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=cfg.data_seed)
     t_off0 = time.perf_counter()
     offpd = (offpd_cache(profile, cfg, teacher, teacher_dir, task, pool, cache_root, teacher_prompt=teacher_prompt,
@@ -199,7 +199,7 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     judged = upcast(student, arith)
     after = evaluate_model(judged, profile, cfg.task, seed=cfg.seed, codec=codec)
     if style:
-        after.update(style_metrics(judged, profile))
+        after.update(style_metrics(judged, profile, codec))
     del judged
     eval_s = time.perf_counter() - t_ev
     probes = [k for k in after if k.startswith("probe_") and k != "probe_mean"]
@@ -253,15 +253,15 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
     r = profile.rlvr
     start_dir = (materials.model_paths(profile, models_root, progress=progress)["student"] if str(start) == "base"
                  else Path(start))
-    model = load_checkpoint(start_dir)
-    task = get_task(r.task, trace=profile.trace)
+    model, codec = materials.load_model(profile, start_dir, "fp32", train=True)  # grpo_train casts to rlvr.dtype
+    task = materials.target_task(profile, r.task)
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=profile.data_seed)
     cfg = RLVRConfig(steps=r.steps, prompts_per_step=r.prompts_per_step, group_size=r.group_size, lr=r.lr,
                      clip_eps=r.clip_eps, kl_coef=r.kl_coef, temperature=r.temperature, inner_epochs=r.inner_epochs,
                      dtype=r.dtype, grad_clip=r.grad_clip, seed=seed, collapse_window=r.collapse_window,
                      collapse_drop=r.collapse_drop)
     result = grpo_train(model, task, cfg, pool, eval_problems=held_out(task, r.n_eval, seed=profile.data_seed),
-                        eval_every=r.eval_every, progress=progress)
+                        eval_every=r.eval_every, progress=progress, codec=codec)
     evals = [h["accuracy"] for h in result["history"] if h.get("accuracy") is not None]
     metrics = {"start": str(start), "task": r.task, "seed": seed, "steps_done": len(result["history"]),
                "initial_accuracy": result["initial_accuracy"], "final_accuracy": result["final_accuracy"],

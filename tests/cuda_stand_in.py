@@ -163,10 +163,13 @@ def cuda_stand_in():
 
 def to_stand_in(model: torch.nn.Module) -> torch.nn.Module:
     """``model``'s parameters and buffers as ``OnCuda`` tensors, in place; returns ``model``."""
+    moved: dict[int, torch.nn.Parameter] = {}  # a tied parameter (embedding = head) stays one parameter
     for mod in model.modules():
         for name, p in list(mod._parameters.items()):
             if p is not None and not isinstance(p, OnCuda):
-                mod._parameters[name] = torch.nn.Parameter(p.detach().as_subclass(OnCuda), requires_grad=p.requires_grad)
+                if id(p) not in moved:
+                    moved[id(p)] = torch.nn.Parameter(p.detach().as_subclass(OnCuda), requires_grad=p.requires_grad)
+                mod._parameters[name] = moved[id(p)]
         for name, b in list(mod._buffers.items()):
             if b is not None and not isinstance(b, OnCuda):
                 mod._buffers[name] = b.as_subclass(OnCuda)

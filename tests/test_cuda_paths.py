@@ -183,3 +183,35 @@ def test_positions_and_padding_helpers_stay_on_the_device_they_are_given():
         ids, mask = pad_left([[1, 2], [3]])
         pos = positions(mask.to("cuda"))
         assert pos.device.type == "cuda"
+
+
+def test_sft_on_the_gpu_matches_the_cpu():
+    """Teacher and student-base fine-tuning (micro-batches, autocast on the model's device)."""
+    from kdlab.train import SFTSchedule, sft
+
+    task = get_task("countdown-3")
+    sched = SFTSchedule(steps=2, batch_size=4, lr=1e-3, warmup=1, pool_size=32, micro_batch_size=2,
+                        autocast_bf16=False)
+    ref = sft(build_model("llama", "nano", seed=0), [(task, 1.0)], sched, progress=False)
+    with cuda_stand_in():
+        model = to_stand_in(build_model("llama", "nano", seed=0))
+        got = sft(model, [(task, 1.0)], sched, progress=False)
+        assert next(model.parameters()).device.type == "cuda"
+    assert got[0]["loss"] == pytest.approx(ref[0]["loss"], rel=1e-6)
+    assert got[1]["loss"] == pytest.approx(ref[1]["loss"], rel=1e-5)
+
+
+def test_the_gradient_experiment_on_the_gpu():
+    """The gradient notebook's measurement (pi_lambda samples, both models' logits, importance
+    weights, functional and parameter-space update distances) with the models on the GPU."""
+    from kdlab.analysis.gradients import demo_models, update_distance_vs_tv
+
+    prompts = [prompt_ids(x) for x in ("a1+2:", "c12 34 56>78:")]
+    kw = dict(samples_per_prompt=2, max_new_tokens=6, seed=0)
+    ref = update_distance_vs_tv(*demo_models(), prompts, [-1.0, 1.0], **kw)
+    with cuda_stand_in():
+        student, teacher = (to_stand_in(m) for m in demo_models())
+        got = update_distance_vs_tv(student, teacher, prompts, [-1.0, 1.0], **kw)
+    assert list(got.columns) == list(ref.columns) and len(got) == len(ref) > 0
+    num = got.select_dtypes("number").columns
+    assert got[num].to_numpy() == pytest.approx(ref[num].to_numpy(), rel=1e-4, abs=1e-6)

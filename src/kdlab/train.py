@@ -95,14 +95,13 @@ def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSch
             loss.backward()
         else:  # gradient accumulation: summed token losses over the batch's token count
             n_tokens = sum(len(c) for c in comps)
-            total = 0.0
+            loss = None  # summed on the device: the host reads the step's loss once
             for i in range(0, len(prompts), mb):
                 with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
                                     enabled=sched.autocast_bf16):
                     part = sft_loss(model, prompts[i:i + mb], comps[i:i + mb], codec, reduction="sum") / n_tokens
                 part.backward()
-                total += part.item()
-            loss = torch.tensor(total)
+                loss = part.detach().double() if loss is None else loss + part.detach().double()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         val = loss.item()

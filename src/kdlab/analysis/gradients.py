@@ -116,7 +116,7 @@ def sample_policy(student: torch.nn.Module, teacher: torch.nn.Module, prompts: l
     index = [i for i in range(len(prompts)) for _ in range(samples_per_prompt)]
     s_prompts = [prompts[i] for i in index]
     t_prompts = [teacher_prompts[i] for i in index]
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=next(student.parameters()).device).manual_seed(seed)
     student.eval()
     teacher.eval()
     codec = codec or CHAR

@@ -22,7 +22,6 @@ study_dir = "../outputs/tiny"  # outputs/<study>
 from pathlib import Path
 
 import matplotlib.pyplot as plt
-import pandas as pd
 import seaborn as sns
 from IPython.display import Markdown, display
 
@@ -46,23 +45,27 @@ if len(failures):
 
 # %% [markdown]
 # ## Findings scoreboard
-# Each numbered finding of STUDY.md, tested on this study: the verdict, the statistic measured
-# here (points = percentage points; a share is shown in %) and its 95% interval. Section
-# *Statistics* below gives each test and every part of the evidence.
+# Each numbered finding of STUDY.md, tested on this study, one verdict per claim: a finding whose
+# sentence makes several claims is split into parts (2a, 2b, ...), each with its claim, verdict,
+# statistic (points = percentage points; a share is shown in %) and 95% interval, and the
+# finding's own line counts the parts that hold ("1 of 2 parts reproduced") instead of letting one
+# part speak for all. Section *Statistics* below gives each test and every part of the evidence.
 
 # %%
 board = P.scoreboard_view(study_dir)
 if board is None:
     display(Markdown("*No scoreboard: the statistics section (70_statistics) did not write one; see it below.*"))
 else:
-    display(P.title("Table 1. Findings scoreboard: verdict, statistic (unit on each row), 95% interval"))
-    with pd.option_context("display.max_colwidth", None):
-        display(board)
+    display(P.title("Table 1. Findings scoreboard, one row per claim: verdict, statistic (unit on each row), 95% interval"))
+    display(P.scoreboard_html(board))
 
 # %% [markdown]
 # ## Which knob explains each metric
 # Partial η² (0 to 1: the share of the variance left after the other terms that a factor or
-# interaction explains) per metric, from the ANOVA of the statistics section.
+# interaction explains) per metric, from the ANOVA of the statistics section. The scoreboard
+# tests the same effects with intervals, each as its own part: KL against policy on accuracy
+# (2a), learning rate and policy on forgetting (3a, 3b), learning rate on sparsity (4a); a part's
+# detail in section *Statistics* quotes the η² beside its interval.
 
 # %%
 knobs = P.knob_view(study_dir)

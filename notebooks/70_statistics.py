@@ -24,8 +24,10 @@
 #    seed), the mean difference with a 95% CI, Cohen's $d_z$, Holm correction per metric.
 # 3. **Seed variance** per configuration.
 # 4. **Mixed model** (statsmodels MixedLM) with task as grouping factor, when there are >= 2 tasks.
-# 5. **Findings scoreboard**: every numbered finding of STUDY.md with the statistic measured here
-#    and a verdict computed by the test written in `kdlab.analysis.findings` (shown in the table).
+# 5. **Findings scoreboard**: every numbered finding of STUDY.md, one verdict per claim: a
+#    compound finding is split into parts (2a, 2b, ...), each with the statistic measured here, its
+#    95% interval and a verdict computed by the test written in `kdlab.analysis.findings` (shown in
+#    the table); the finding's own row counts the parts that hold.
 
 # %% tags=["parameters"]
 study_dir = "../outputs/quick"  # folder holding results.parquet
@@ -132,8 +134,11 @@ _ = (OUT / "mixed_model.json").write_text(json.dumps(mixed, indent=2, default=st
 
 # %% [markdown]
 # ## 5. Findings scoreboard
-# Each verdict is computed from the table by the test in the `test` column; "not run" says what
-# is missing. Findings 11-13 also read the study's follow-ups (`kdlab.analysis.followups.findings_table`):
+# One row per finding (its line: how many of its parts are reproduced) followed by one row per
+# part (label 2a, 2b, ...: the part's claim, statistic, 95% interval, verdict). Each verdict is
+# computed from the table by the rule in the `test` column; `detail` gives the numbers (and, for
+# the parts that test a knob table effect, the partial eta squared beside the interval); "not
+# run" says what is missing. Findings 11-13 also read the study's follow-ups (`kdlab.analysis.followups.findings_table`):
 # the RLVR final accuracy of each start, the style runs' adoption, and the companion studies'
 # sampled-estimator and no-clipping runs.
 
@@ -144,6 +149,7 @@ print("gradient table:", grad_path if grad_table is not None else "none")
 board = findings.scoreboard(findings_table(study_dir, df), grad_table)  # + RLVR, style and companion runs
 board.to_csv(OUT / "scoreboard.csv", index=False)
 (OUT / "scoreboard.json").write_text(json.dumps(board.to_dict(orient="records"), indent=2))
-print(board["verdict"].value_counts().to_string())
-display(title('Findings scoreboard: verdict, statistic (unit on each row), 95% interval'))
-board
+parts = findings.part_rows(board)
+print(f"{len(parts)} parts of {len(findings.summary_rows(board))} findings:", parts["verdict"].value_counts().to_dict())
+display(title('Findings scoreboard, one row per finding then per part: verdict, statistic (unit on each row), 95% interval'))
+board.set_index("label")

@@ -153,10 +153,44 @@ def test_scoreboard_and_knob_views_read_the_statistics_files(tmp_path: Path):
                   {"finding": 4, "claim": "c4", "verdict": "not run", "statistic_name": None, "statistic": None,
                    "ci_low": None, "ci_high": None, "unit": None}]).to_csv(out / "scoreboard.csv", index=False)
     pd.DataFrame({"accuracy": [0.81234, 0.1]}, index=["lr", "kl"]).to_csv(out / "knob_table.csv")
-    board = P.scoreboard_view(tmp_path)
-    assert board.loc[1, "statistic"] == "gap = 1.5 points" and board.loc[1, "95% interval"] == "[-0.5, 3.5]"
-    assert board.loc[4, "statistic"] == "–" and "not run" in board.loc[4, "verdict"]
+    board = P.scoreboard_view(tmp_path)  # a scoreboard written before parts existed
+    assert board.loc["1", "statistic"] == "gap = 1.5 points" and board.loc["1", "95% interval"] == "[-0.5, 3.5]"
+    assert board.loc["4", "statistic"] == "–" and "not run" in board.loc["4", "verdict"]
     assert P.knob_view(tmp_path).loc["lr", "accuracy"] == 0.81
+
+
+def test_scoreboard_view_shows_one_row_per_claim(tmp_path: Path):
+    """Finding 2 as issue 34 saw it: the KL effect dwarfs the policy effect (2a, as the knob table
+    says) while reverse KL is not the spread-out one (2b, 2c). The first screen shows each part
+    with its verdict and interval, and the finding's line counts them; the table is never folded."""
+    from kdlab.analysis import findings
+    from test_findings_parts import GRADIENTS_OK, _reverse_flat
+
+    out = tmp_path / "analysis" / "70_statistics"
+    out.mkdir(parents=True)
+    findings.scoreboard(_reverse_flat(), GRADIENTS_OK).to_csv(out / "scoreboard.csv", index=False)
+    view = P.scoreboard_view(tmp_path)
+    assert list(view.columns) == ["claim (STUDY.md)", "verdict", "statistic", "95% interval"]
+    assert list(view.index[:5]) == ["1", "2", "2a", "2b", "2c"]
+    assert view.loc["2", "verdict"] == "◐ 1 of 3 parts reproduced (2 not reproduced)"
+    assert view.loc["2", "statistic"] == "parts 2a–2c" and view.loc["2", "95% interval"] == ""
+    assert view.loc["2a", "verdict"] == "✔ reproduced" and view.loc["2a", "claim (STUDY.md)"].startswith("KL direction")
+    assert view.loc["2a", "statistic"].startswith("|KL effect| - |policy effect| on accuracy = ")
+    assert view.loc["2a", "statistic"].endswith(" points") and view.loc["2a", "95% interval"].startswith("[")
+    assert view.loc["2b", "verdict"] == view.loc["2c", "verdict"] == "✘ not reproduced"
+    # single-part findings are one row; findings not run are one row
+    assert "1a" not in view.index and "7a" not in view.index and view.loc["1", "statistic"] != "–"
+    assert "11a" not in view.index and view.loc["11", "verdict"] == "– not run"
+    assert view.loc["6b", "statistic"].endswith("%") and view.loc["6b", "95% interval"].endswith("%]")
+    # every compound finding's parts follow its line, in order
+    labels = list(view.index)
+    for n, letters in {2: "abc", 3: "ab", 4: "ab", 5: "ab", 6: "abc", 8: "abc", 10: "abc", 13: "abcde"}.items():
+        i = labels.index(str(n))
+        assert labels[i + 1:i + 1 + len(letters)] == [f"{n}{c}" for c in letters]
+    html = P.scoreboard_html(view).data
+    assert P.SCOREBOARD_CLASS in html and "95% interval" in html and "2a" in html
+    assert len(view) > P.MAX_ROWS and "<details" not in P.collapse_long_tables(html)  # never folded
+    assert P.collapse_long_tables(html.replace(P.SCOREBOARD_CLASS, "other")).count("<details") == 1
 
 
 def test_noise_patterns_catch_what_the_old_report_showed():

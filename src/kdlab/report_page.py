@@ -1,8 +1,10 @@
 """The study's ``report.html`` as a page a reader wants: the answer first, then everything else.
 
 - ``scoreboard_view`` / ``knob_view``: the first screen's two tables, read from the files the
-  statistics section (``70_statistics``) writes: the findings scoreboard (verdict, statistic,
-  95% interval) and "which knob explains each metric" (partial eta squared per metric);
+  statistics section (``70_statistics``) writes: the findings scoreboard, one row per claim (a
+  compound finding's line counts its parts, 2a, 2b, ... follow it, each with its verdict,
+  statistic and 95% interval; ``scoreboard_html`` shows it, never folded) and "which knob
+  explains each metric" (partial eta squared per metric);
 - ``assemble``: the executed report notebook followed by the analysis notebooks as one notebook,
   every level-1 and level-2 heading given an anchor and listed in a table of contents (put in
   the report's cell tagged ``toc``);
@@ -41,29 +43,96 @@ def _number(v: Any, unit: str) -> str:
     return f"{x:.3g}" if abs(x) < 1000 else f"{x:.0f}"
 
 
+def _text(r: dict, key: str) -> str:
+    v = r.get(key)
+    return "" if v is None or (isinstance(v, float) and v != v) else str(v)
+
+
+def _statistic(r: dict, unit: str) -> tuple[str, str]:
+    """(statistic with its name and unit, 95% interval) of a scoreboard row."""
+    stat = _number(r.get("statistic"), unit)
+    name = _text(r, "statistic_name")
+    if stat != "–" and name:
+        stat = f"{name} = {stat}"
+    if stat != "–" and unit == "points":  # shares are shown in %; ratios, rho, gradient entries have no unit
+        stat += f" {unit}"
+    lo, hi = r.get("ci_low"), r.get("ci_high")
+    interval = (f"[{_number(lo, unit)}, {_number(hi, unit)}]" if lo is not None and hi is not None
+                and pd.notna(lo) and pd.notna(hi) else "–")
+    return stat, interval
+
+
+def _summary_mark(verdict: str, n_parts: int, n_reproduced: int) -> str:
+    """A compound finding's line: its count of parts, marked ✔ (all hold), ✘ (none holds and some
+    part is refuted), ◐ (some hold) or ? (none holds, none refuted)."""
+    if n_reproduced == n_parts:
+        return f"✔ {verdict}"
+    if n_reproduced:
+        return f"◐ {verdict}"
+    return f"✘ {verdict}" if "not reproduced" in verdict else f"? {verdict}"
+
+
 def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
-    """The findings scoreboard as shown first: finding, claim, verdict, statistic (with its unit)
-    and its 95% interval; None when section 70 did not write ``scoreboard.csv``."""
+    """The findings scoreboard as shown first, one row per claim: finding (``2`` for the finding,
+    ``2a``, ``2b``, ... for its parts), claim, verdict, statistic (with its name and unit) and its
+    95% interval; None when section 70 did not write ``scoreboard.csv``.
+
+    A finding with several parts gets its own line, which counts the parts that hold ("1 of 2
+    parts reproduced (1 not reproduced)") and shows no statistic, followed by one row per part with
+    that part's claim, verdict, statistic and interval. A finding with a single part, or not run,
+    is one row. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
     path = _stat_dir(study_dir) / "scoreboard.csv"
     if not path.exists():
         return None
-    board = pd.read_csv(path)
+    board = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    if "part" not in board.columns:
+        board["part"] = ""
+    board["part"] = board["part"].fillna("").astype(str)
     rows = []
-    for r in board.to_dict(orient="records"):
-        unit = str(r.get("unit") or "") if pd.notna(r.get("unit")) else ""
-        name = str(r.get("statistic_name")) if pd.notna(r.get("statistic_name", None)) else ""
-        stat = _number(r.get("statistic"), unit)
-        if stat != "–" and name:
-            stat = f"{name} = {stat}"
-        if stat != "–" and unit and unit != "share":
-            stat += f" {unit}"
-        lo, hi = r.get("ci_low"), r.get("ci_high")
-        interval = (f"[{_number(lo, unit)}, {_number(hi, unit)}]" if lo is not None and hi is not None
-                    and pd.notna(lo) and pd.notna(hi) else "–")
-        verdict = str(r.get("verdict", ""))
-        rows.append({"finding": r.get("finding"), "claim (STUDY.md)": r.get("claim", ""),
-                     "verdict": _VERDICT_MARK.get(verdict, verdict), "statistic": stat, "95% interval": interval})
+    for number, group in board.groupby("finding", sort=False):
+        records = group.to_dict(orient="records")
+        summary = next((r for r in records if not r["part"]), records[0])
+        parts = [r for r in records if r["part"]]
+        unit = _text(summary, "unit")
+        verdict = _text(summary, "verdict")
+        if len(parts) <= 1:
+            stat, interval = _statistic(summary, unit)
+            rows.append({"finding": str(number), "claim (STUDY.md)": _text(summary, "claim"),
+                         "verdict": _VERDICT_MARK.get(verdict, verdict), "statistic": stat, "95% interval": interval})
+            continue
+        n_rep = sum(p["verdict"] == "reproduced" for p in parts)
+        rows.append({"finding": str(number), "claim (STUDY.md)": _text(summary, "claim"),
+                     "verdict": _summary_mark(verdict, len(parts), n_rep),
+                     "statistic": f"parts {number}{parts[0]['part']}–{number}{parts[-1]['part']}", "95% interval": ""})
+        for p in parts:
+            stat, interval = _statistic(p, _text(p, "unit"))
+            if p["verdict"] == "not run":
+                stat = _text(p, "detail").split("not run", 1)[-1].strip(" ()") or "–"
+            rows.append({"finding": f"{number}{p['part']}", "claim (STUDY.md)": _text(p, "claim"),
+                         "verdict": _VERDICT_MARK.get(p["verdict"], p["verdict"]), "statistic": stat,
+                         "95% interval": interval})
     return pd.DataFrame(rows).set_index("finding")
+
+
+SCOREBOARD_CLASS = "kdlab-scoreboard"  # the first screen's table: never folded (collapse_long_tables)
+
+
+def scoreboard_html(view: pd.DataFrame) -> Any:
+    """``scoreboard_view`` as the report shows it: the lines of compound findings in bold, the parts
+    under them indented; a table of class ``SCOREBOARD_CLASS``, which ``collapse_long_tables``
+    leaves open however many rows it has (it is the answer of the first screen)."""
+    from IPython.display import HTML
+
+    def style(row: pd.Series) -> list[str]:
+        label = str(row.name)
+        compound = label.isdigit() and str(row.get("statistic", "")).startswith("parts ")
+        return ["font-weight: bold" if compound else ""] * len(row)
+
+    styler = (view.style.apply(style, axis=1)
+              .set_table_attributes(f'class="dataframe {SCOREBOARD_CLASS}"')
+              .set_table_styles([{"selector": "td, th", "props": "text-align: left; vertical-align: top"}])
+              .map_index(lambda label: "" if str(label).isdigit() else "padding-left: 1.5em", axis=0))
+    return HTML(styler.to_html())
 
 
 def knob_view(study_dir: str | Path) -> pd.DataFrame | None:
@@ -154,9 +223,12 @@ _TABLE_RE = re.compile(r"<table\b[^>]*>.*?</table>", re.DOTALL)
 
 
 def collapse_long_tables(body: str, max_rows: int = MAX_ROWS) -> str:
-    """Fold every HTML table with more than ``max_rows`` body rows into a ``<details>``."""
+    """Fold every HTML table with more than ``max_rows`` body rows into a ``<details>``, except the
+    findings scoreboard (class ``SCOREBOARD_CLASS``)."""
     def fold(m: re.Match) -> str:
         table = m.group(0)
+        if SCOREBOARD_CLASS in table[:table.find(">") + 1]:
+            return table  # the scoreboard stays open
         tbody = table.split("<tbody", 1)
         rows = tbody[1].count("<tr") if len(tbody) == 2 else table.count("<tr")
         if rows <= max_rows:

@@ -20,7 +20,7 @@ from kdlab.rlvr import RLVRConfig, grpo_train
 from kdlab.style import (NL_INSTRUCTION, StyledCountdownTask, detect_style, student_prompt, style_report,
                          style_teacher_tasks, teacher_prompt)
 from kdlab.tasks.countdown import NaturalCountdownTask
-from tiny_hf import build_pair
+from tiny_hf import build_pair, write_synthetic_choice
 
 FAMILIES = ("qwen2", "llama")
 
@@ -107,15 +107,18 @@ def test_style_report_on_a_real_checkpoint(tiny):
 def write_followups_profile(root: Path, family: str = "qwen2") -> Path:
     """A real-checkpoint profile on countdown-3 in natural language with RLVR and style enabled,
     every part at a few steps: one grid cell (on-policy, forward KL), GRPO from the base and from
-    that run's student, one style run from a style teacher fine-tuned for 2 steps."""
+    that run's student, one style run from a style teacher fine-tuned for 2 steps; a made-up
+    choice benchmark for forgetting."""
     root.mkdir(parents=True, exist_ok=True)
     teacher, student = build_pair(root, family)
+    bench = write_synthetic_choice(root / "bench.jsonl", n=6, seed=3)
     profile = {
         "name": "hf-followups",
         "pretrained": {
             "student": str(student),
             "tasks": [{"name": "countdown-3", "kind": "countdown", "teacher": str(teacher), "max_new_tokens": 6}],
-            "n_benchmark": 0, "device": "cpu", "gradient_checkpointing": False,
+            "benchmarks": [{"kind": "choice", "path": str(bench), "name": "bench", "max_new_tokens": 4}],
+            "n_benchmark": 3, "device": "cpu", "gradient_checkpointing": False,
             "teacher_sft": {"steps": 2, "batch_size": 4},
         },
         "distill": {"steps": 2, "batch_size": 4, "offpd_pool": 4},
@@ -130,3 +133,75 @@ def write_followups_profile(root: Path, family: str = "qwen2") -> Path:
     path = root / "hf-followups.yaml"
     path.write_text(yaml.safe_dump(profile, sort_keys=False))
     return path
+
+
+@pytest.fixture(scope="module")
+def followups_profile(tmp_path_factory) -> Path:
+    return write_followups_profile(tmp_path_factory.mktemp("followups"), "llama")
+
+
+def test_real_style_teacher_is_the_base_fine_tuned_on_natural_styled_countdown(followups_profile, tmp_path):
+    from kdlab.style_teacher import style_teacher_mixture, style_teacher_path, style_teacher_recipe
+
+    profile = load_profile(followups_profile)
+    mix = style_teacher_mixture(profile)
+    assert [(t.name, w) for t, w in mix] == [("countdown-3-plain-nl", 0.5), ("countdown-3-alt-instr-nl", 0.5)]
+    assert all(t.max_new_tokens == 6 for t, _ in mix)  # the profile's countdown budget, in real tokens
+    assert style_teacher_recipe(profile).steps == 2
+    with_probes = load_profile(followups_profile, {"pretrained.teacher_sft.probes": 0.3})
+    weights = [w for _, w in style_teacher_mixture(with_probes)]
+    assert len(weights) == 9 and sum(weights) == pytest.approx(1.0) and weights[:2] == pytest.approx([0.35, 0.35])
+    with pytest.raises(FileNotFoundError, match="teacher-style-countdown-3"):
+        style_teacher_path(profile, tmp_path / "models", progress=False, train=False)
+
+
+@pytest.mark.parametrize("section", ["rlvr", "style"])
+def test_preflight_takes_real_follow_ups_with_a_countdown_task_only(followups_profile, section):
+    from kdlab.config import ConfigError
+    from kdlab.preflight import check_profile
+
+    check_profile(load_profile(followups_profile))  # countdown-3 is a task: RLVR and style are accepted
+    other = load_profile(followups_profile, {"rlvr.enabled": section == "rlvr", "style.enabled": section == "style",
+                                             "pretrained.tasks": [{"name": "mc", "kind": "choice", "train": "x.jsonl",
+                                                                   "teacher": "y"}],
+                                             "grid.tasks": ["mc"], "grid.lambda_tasks": ["mc"]})
+    with pytest.raises(ConfigError, match=rf"^{section}\.enabled: .*countdown task"):
+        check_profile(other)
+
+
+@pytest.mark.slow
+def test_real_checkpoint_study_runs_rlvr_and_style_end_to_end(tmp_path):
+    from kdlab.followups import rlvr_starts, style_cells
+    from kdlab.study import notebook_finished, run_study
+    from test_study import ensure_kernel
+
+    ensure_kernel()
+    path = write_followups_profile(tmp_path / "data")
+    outputs = tmp_path / "out"
+    assert run_study(path, outputs, workers=1, progress=False) == 0
+    profile, study = load_profile(path), outputs / "hf-followups"
+    starts = rlvr_starts(profile)
+    assert [s.spec for s in starts] == ["base", "on/forward/0"]
+    started = {}
+    for start in starts:
+        m = json.loads((study / "rlvr" / start.job_id / "metrics.json").read_text())
+        assert m["steps_done"] == 2 and not m["nan"] and m["task"] == "countdown-3"
+        started[start.spec] = m
+        assert 0.0 <= m["initial_accuracy"] <= 1.0 and 0.0 <= m["final_accuracy"] <= 1.0
+        history = json.loads((study / "rlvr" / start.job_id / "history.json").read_text())
+        assert all(1 <= h["length"] <= 6 for h in history)  # real-tokenizer tokens, within the budget
+    # GRPO from the distilled real student the grid run saved (save_pretrained + its tokenizer)
+    assert started["on/forward/0"]["start"].endswith(f"runs/{starts[1].run_id}/student")
+    assert started["on/forward/0"]["start_sha256"] != started["base"]["start_sha256"]
+    (cell,) = style_cells(profile)
+    m = json.loads((study / "style" / cell.run_id / "metrics.json").read_text())
+    assert m["experiment"] == "style" and m["model_kind"] == "pretrained" and m["steps_done"] == 2
+    assert "teacher-style-countdown-3-" in m["teacher_path"]
+    for prefix in ("", "base_"):
+        counts = [m[f"{prefix}style_{k}"] for k in ("plain", "alt", "none")]
+        assert sum(counts) == 3 and 0.0 <= m[f"{prefix}style_accuracy"] <= 1.0
+    rows = {r["model"]: r for r in json.loads((study / "models.json").read_text())}
+    assert rows["style teacher"]["n_params"] > 0 and 0.0 <= rows["style teacher"]["instructed_accuracy"] <= 1.0
+    for nb in ("91_rlvr", "92_style"):
+        assert notebook_finished(study / "analysis" / f"{nb}.ipynb"), nb
+    assert "Traceback" not in (study / "report.html").read_text()

@@ -292,3 +292,15 @@ def test_parts_without_their_runs_are_not_run_and_say_why():
     # no reverse rows in the gradient table: 6c is not run
     r6 = findings.finding_6(df, GRADIENTS_OK[GRADIENTS_OK.direction == "forward"])
     assert [p.verdict for p in r6.parts] == [R, R, NOT_RUN] and r6.verdict == "2 of 3 parts reproduced (1 not run)"
+
+
+def test_finding_10_uses_harder_variant_pass_at_k_when_recorded():
+    """STUDY.md says pass@k on Countdown-4E: pass@10 when the study recorded it, else accuracy."""
+    df = _paper()
+    assert findings.finding_10(df).values["column"] == "countdown-4e_accuracy"
+    rows = df["countdown-4e_accuracy"].notna()
+    with_k = df.assign(**{"countdown-4e_pass_at_10": df["countdown-4e_accuracy"].where(~rows, df["countdown-4e_accuracy"] + 0.1),
+                          "countdown-4e_pass_at_5": df["countdown-4e_accuracy"]})
+    r = findings.finding_10(with_k)
+    assert r.values["column"] == "countdown-4e_pass_at_10" and r.verdict == "3 of 3 parts reproduced"
+    assert r.part("b").name.startswith("countdown-4e_pass_at_10")

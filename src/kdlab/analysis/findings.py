@@ -917,33 +917,48 @@ def _rank_trend(M: pd.DataFrame, groups: Sequence[tuple]) -> np.ndarray:
     return np.mean(rhos, axis=0)
 
 
+def _variant_metric(df: pd.DataFrame, variants: list[str]) -> str:
+    """Finding 10's metric: on countdown-4e (else the first harder variant), pass@10 when recorded
+    (``<variant>_pass_at_10``, ``eval.harder_pass``), else its largest pass@k with k > 1, else its
+    accuracy (pass@1)."""
+    base = ("countdown-4e_accuracy" if "countdown-4e_accuracy" in variants else variants[0])[:-len("_accuracy")]
+    ks = {}
+    for c in df.columns:
+        tail = c[len(f"{base}_pass_at_"):] if c.startswith(f"{base}_pass_at_") else ""
+        if tail.isdigit() and int(tail) > 1 and df[c].notna().any():
+            ks[int(tail)] = c
+    return ks[10] if 10 in ks else ks[max(ks)] if ks else f"{base}_accuracy"
+
+
 def finding_10(df: pd.DataFrame) -> FindingResult:
     """Three parts on harder-variant accuracy along the spectrum: it rises with lambda; lambda > 0
     is above OffPD under forward KL; and under reverse KL.
 
     STUDY.md: "On-policy generalises better to harder variants: on Countdown-4E, pass@k rises
     gradually along the spectrum; lambda > 0 is 10-15 points above off-policy, under both
-    directions." The metric is countdown-4e_accuracy when present, else the first harder-variant
-    column (``<variant>_accuracy``); cells = kl x task x lambda x lr (clipped runs). Parts:
+    directions." The metric is pass@k on countdown-4e (else the first harder variant): pass@10
+    when the study recorded it (``eval.harder_pass``), else the largest k recorded, else the
+    variant's accuracy (pass@1); cells = kl x task x lambda x lr (clipped runs). Parts:
 
     (a) "pass@k rises gradually along the spectrum": Spearman rho between lambda and the cell
         means, per (kl, task, lr) with >= 3 lambda values, averaged; bootstrap interval above 0.
     (b) "lambda > 0 is above off-policy ... [under forward KL]": the mean over the forward-KL
-        lambda > 0 cells minus the OffPD (lambda = -1) cells, interval above 0.
+        lambda > 0 cells minus the OffPD (lambda = -1; not the extrapolated lambda < -1) cells,
+        interval above 0.
     (c) "... under both directions": the same under reverse KL.
     """
     test = _first_line(finding_10)
     variants = variant_columns(df)
     if not variants:
         return _not_run(10, test, "no harder-variant accuracy column (<variant>_accuracy)")
-    col = "countdown-4e_accuracy" if "countdown-4e_accuracy" in variants else variants[0]
+    col = _variant_metric(df, variants)
     d = df[df["kl"].isin(["forward", "reverse"])].dropna(subset=[col])
     if "grad_clip" in d.columns and d["grad_clip"].notna().any():
         d = d[d["grad_clip"].notna()]
     values, notes, missing = {}, [], {}
     for kl in ("forward", "reverse"):
         k = d[d["kl"] == kl]
-        pos, off = k.loc[k["lam"] > 0, col], k.loc[k["lam"] <= -1, col]
+        pos, off = k.loc[k["lam"] > 0, col], k.loc[np.isclose(k["lam"], -1.0), col]
         if pos.empty or off.empty:
             missing[kl] = f"{col}: needs {kl}-KL runs at lambda > 0 and OffPD (lambda = -1)"
             continue
@@ -971,7 +986,8 @@ def finding_10(df: pd.DataFrame) -> FindingResult:
             continue
 
         def gap(M, kl=kl):
-            return sel(M, kl=kl, lam=lambda x: x > 0).mean(axis=1) - sel(M, kl=kl, lam=lambda x: x <= -1).mean(axis=1)
+            return (sel(M, kl=kl, lam=lambda x: x > 0).mean(axis=1)
+                    - sel(M, kl=kl, lam=lambda x: np.isclose(np.asarray(x, dtype=float), -1.0)).mean(axis=1))
 
         parts.append(_part(claim, f"{col} lambda>0 - OffPD ({kl})", bootstrap(c, gap), "greater", 0.0))
     return _result(10, test, parts, notes=notes, values={"column": col, **values})

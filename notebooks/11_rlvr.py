@@ -13,8 +13,10 @@
 # (`kdlab.rlvr`: groups of sampled responses per prompt, group-normalised advantages, clipped
 # ratio, optional k3 penalty to the start, collapse detector), started from the distilled
 # student of one grid run (`rlvr.starts`: `policy/kl/lr-index`) or from the student base
-# (`base`), with the profile's `rlvr:` settings. `kdlab.runs.execute_rlvr` writes `metrics.json`
-# (last) and `history.json` into the run directory; this notebook shows the training curves.
+# (`base`), with the profile's `rlvr:` settings; a toy model or a real checkpoint (countdown in
+# natural language), each through its own tokenizer (`kdlab.codec`). `kdlab.runs.execute_rlvr`
+# writes `metrics.json` (last) and `history.json` into the run directory; this notebook shows the
+# training curves.
 
 # %% tags=["parameters"]
 params = "../params/tiny.yaml"  # profile YAML

@@ -12,9 +12,11 @@
 # Finding 12 of STUDY.md: OnPD + reverse KL keeps the student's own style; every other
 # configuration adopts the teacher's almost completely. The style teacher (`kdlab.style_teacher`)
 # writes its countdown steps in another notation (operators as letters) when its prompt carries
-# an instruction; during these distillation runs the teacher sees the instructed prompt and the
-# student its usual one. **Adoption** = the share of the distilled student's outputs (greedy, on
-# its own uninstructed prompts, `style.n_test` test problems) written in the teacher's notation,
+# an instruction (a toy model trained so; for real checkpoints, the student's base fine-tuned so
+# on countdown in natural language, the instruction a sentence of the prompt); during these
+# distillation runs the teacher sees the instructed prompt and the student its usual one.
+# **Adoption** = the share of the distilled student's outputs (greedy, on its own uninstructed
+# prompts, `style.n_test` test problems) written in the teacher's notation,
 # among outputs with a detectable style (`kdlab.style.detect_style`); points, mean over seeds.
 
 # %% tags=["parameters"]

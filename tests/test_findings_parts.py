@@ -304,3 +304,20 @@ def test_finding_10_uses_harder_variant_pass_at_k_when_recorded():
     r = findings.finding_10(with_k)
     assert r.values["column"] == "countdown-4e_pass_at_10" and r.verdict == "3 of 3 parts reproduced"
     assert r.part("b").name.startswith("countdown-4e_pass_at_10")
+
+
+def test_compare_scoreboards_flags_a_part_reproduced_in_one_and_refuted_in_the_other(tmp_path):
+    """Issue 34's stability check across two seed sets: "inconclusive" in one is allowed, a part
+    "reproduced" in one and "not reproduced" in the other is a contradiction. Works on the CSV."""
+    a = findings.scoreboard(_paper())
+    b = findings.scoreboard(_paper(off_sparsity_gain=-0.05))  # 4b refuted
+    c = findings.scoreboard(_noisy())  # mostly inconclusive
+    b.to_csv(tmp_path / "b.csv", index=False)
+    both = findings.compare_scoreboards({"seeds 0-2": a, "seeds 3-5": pd.read_csv(tmp_path / "b.csv")})
+    assert list(both.index) == list(a["label"].astype(str))
+    assert both.loc["4b", "seeds 0-2: verdict"] == R and both.loc["4b", "seeds 3-5: verdict"] == N
+    assert both["contradiction"].sum() == 1 and bool(both.loc["4b", "contradiction"])
+    assert not both.loc["4", "contradiction"]  # the finding's line is a count, not a claim of its own
+    assert both.loc["2a", "seeds 0-2: statistic"].endswith("] points")
+    noisy = findings.compare_scoreboards({"a": a, "c": c})
+    assert not noisy["contradiction"].any() and (noisy["c: verdict"] == I).any()

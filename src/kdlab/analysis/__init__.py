@@ -17,7 +17,7 @@ from typing import Any
 
 _EXPORTS = {
     "explore": ("apply_filters", "explorer_data", "explorer_plot"),
-    "findings": ("FindingResult", "evaluate_findings", "scoreboard"),
+    "findings": ("FindingResult", "compare_scoreboards", "evaluate_findings", "scoreboard", "summarize"),
     "gradients": ("GradientEntries", "PolicySamples", "gradient_entries", "logit_gradients", "sample_policy",
                   "sequence_logprobs", "tv_distance", "update_distance_vs_tv"),
     "spectrum": ("mean_ci", "plot_spectrum", "spectrum_table"),

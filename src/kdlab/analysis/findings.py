@@ -1263,3 +1263,37 @@ def part_rows(board: pd.DataFrame) -> pd.DataFrame:
     """The parts' rows of a scoreboard (one per part)."""
     part = board["part"].fillna("").astype(str)
     return board[part != ""]
+
+
+def compare_scoreboards(boards: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Several scoreboards (e.g. quick with seeds 0-2 and with seeds 3-5) side by side, one row per
+    label (each finding's line and each part, in the first board's order): per board the verdict
+    and the statistic with its interval as text; ``contradiction`` is True for a part that is
+    "reproduced" in one board and "not reproduced" in another (issue 34's stability criterion:
+    "inconclusive" in one of them is allowed). Boards may be read back from ``scoreboard.csv``."""
+    names = list(boards)
+    frames = {}
+    for name, b in boards.items():
+        b = b.assign(part=b["part"].fillna("").astype(str), label=b["label"].astype(str))
+        frames[name] = b.set_index("label")
+    labels = list(dict.fromkeys(lab for b in frames.values() for lab in b.index))
+    rows = []
+    for lab in labels:
+        first = next(b.loc[lab] for b in frames.values() if lab in b.index)
+        row = {"label": lab, "claim": first["claim"]}
+        verdicts = []
+        for name in names:
+            b = frames[name]
+            if lab not in b.index:
+                row[f"{name}: verdict"], row[f"{name}: statistic"] = "", ""
+                continue
+            r = b.loc[lab]
+            verdicts.append(r["verdict"])
+            stat = "" if pd.isna(r["statistic"]) else (
+                f"{_fmt(float(r['statistic']))} [{_fmt(float(r['ci_low']))}, {_fmt(float(r['ci_high']))}]"
+                + (f" {r['unit']}" if isinstance(r["unit"], str) and r["unit"] else ""))
+            row[f"{name}: verdict"], row[f"{name}: statistic"] = r["verdict"], stat
+        is_part = bool(str(first["part"]))  # a finding's line is a count; a single part has its own row too
+        row["contradiction"] = is_part and REPRODUCED in verdicts and NOT_REPRODUCED in verdicts
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("label")

@@ -71,3 +71,118 @@ def test_outputs_is_accepted_after_the_subcommand(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main(["study", "--help"])
     assert "--outputs" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------- issue 35: round three
+
+SMOL = str(REPO_ROOT / "params" / "smol.yaml")
+
+
+@pytest.mark.parametrize("device,gpus,needle", [
+    ("cuda", None, "pretrained.device: 'cuda' asks for a GPU but this machine has none"),
+    ("cuda:0", None, "pretrained.device: 'cuda:0' asks for a GPU but this machine has none"),
+    ("cuda:3", 1, "pretrained.device: 'cuda:3' but this machine has 1 CUDA device(s), cuda:0 to cuda:0"),
+    ("gpu", None, "pretrained.device: 'gpu' is not a device; choose auto, cpu, cuda or cuda:N"),
+])
+@pytest.mark.parametrize("profile", [TINY, SMOL])
+def test_a_gpu_that_is_not_there_is_refused_before_any_work(capsys, tmp_path, monkeypatch, profile, device, gpus,
+                                                             needle):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus is not None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus or 0)
+    for cmd in ("study", "teachers", "distill"):
+        _refused(capsys, tmp_path, [cmd, profile, "--set", f"pretrained.device={device}"], needle)
+
+
+def test_a_gpu_that_is_there_is_accepted(monkeypatch, tmp_path):
+    import torch
+
+    from kdlab.config import load_profile
+    from kdlab.preflight import check_machine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    for device in ("auto", "cpu", "cuda", "cuda:3"):
+        check_machine(load_profile(TINY, {"pretrained.device": device}), tmp_path / "models")
+
+
+def test_optional_packages_a_profile_needs_are_checked_up_front(capsys, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "gguf", None)  # not importable
+    monkeypatch.setitem(sys.modules, "ray", None)
+    for cmd in ("study", "teachers"):  # (the SmolLM2 import needs gguf; nothing is downloaded first)
+        _refused(capsys, tmp_path, [cmd, SMOL], "pretrained.student: 'smollm2' is imported from a GGUF file",
+                 "needs the package 'gguf'", "pip install 'kdlab[real]'")
+    _refused(capsys, tmp_path, ["study", TINY, "--ray-address", "auto"],
+             "--ray-address: 'auto' sends the runs to a Ray cluster", "needs the package 'ray'", "pip install 'ray>=")
+    _refused(capsys, tmp_path, ["study", TINY, "--set", "pretrained.ray_address=auto"], "pretrained.ray_address: 'auto'",
+             "needs the package 'ray'")
+
+
+def test_gguf_is_not_needed_once_the_model_is_imported(tmp_path, monkeypatch):
+    import sys
+
+    from kdlab.config import load_profile
+    from kdlab.preflight import check_machine
+    from kdlab.smol import checkpoint_dir
+
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    imported = checkpoint_dir(tmp_path / "models")
+    imported.mkdir(parents=True)
+    (imported / "kdlab.json").write_text("{}")
+    check_machine(load_profile(SMOL), tmp_path / "models")  # nothing to import: no gguf needed
+
+
+def test_a_profile_path_that_is_a_directory_or_not_text_is_one_line(capsys, tmp_path):
+    _refused(capsys, tmp_path, ["study", str(REPO_ROOT / "params")], "params is a directory; give a profile file in it:",
+             "quick.yaml")
+    (tmp_path / "folder.yaml").mkdir()
+    _refused(capsys, tmp_path, ["study", str(tmp_path / "folder.yaml")], "folder.yaml is a directory")
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: folder.yaml\nname: child\n")
+    _refused(capsys, tmp_path, ["distill", str(child)], "child.yaml: extends: 'folder.yaml'", "is a directory")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"name: x\n\xff\xfe\n")
+    _refused(capsys, tmp_path, ["teachers", str(binary)], "binary.yaml is not UTF-8 text")
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("distill.steps=100000000", "distill.steps: 100000000 is above the bound 100,000 (optimisation steps: the paper"),
+    ("student_pretrain.steps=1000001", "student_pretrain.steps: 1000001 is above the bound 100,000"),
+    ("teacher_pretrain.task_steps={kb-mc: 200000}", "teacher_pretrain.task_steps.kb-mc: 200000 is above the bound"),
+    ("distill.batch_size=100000", "distill.batch_size: 100000 is above the bound 4,096 (rows per optimisation step"),
+    ("pretrained.micro_batch_size=5000", "pretrained.micro_batch_size: 5000 is above the bound 4,096"),
+    ("pretrained.max_prompt_tokens=1000000", "pretrained.max_prompt_tokens: 1000000 is above the bound 32,768 (tokens"),
+    ("distill.offpd_pool=10000000", "distill.offpd_pool: 10000000 is above the bound 100,000 (problems or rollouts"),
+    ("eval.n_test=1000000", "eval.n_test: 1000000 is above the bound 100,000"),
+    ("eval.pass_n=100000", "eval.pass_n: 100000 is above the bound 1,024 (samples per problem"),
+    ("rlvr.group_size=5000", "rlvr.group_size: 5000 is above the bound 1,024"),
+    ("rlvr.seeds=[-1]", "rlvr.seeds: -1 is below the minimum 0"),
+])
+def test_absurd_sizes_are_refused_with_the_bound_and_its_reason(capsys, tmp_path, override, needle):
+    _refused(capsys, tmp_path, ["study", TINY, "--set", override], needle)
+
+
+def test_a_checkpoint_without_tokenizer_files_is_one_line(capsys, tmp_path):
+    import shutil
+
+    import yaml
+    from tiny_hf import write_real_profile
+
+    profile = write_real_profile(tmp_path / "data", "llama")
+    capsys.readouterr()  # (its progress bars)
+    for where in ("pretrained.student", "pretrained.tasks[0].teacher"):
+        data = yaml.safe_load(profile.read_text())
+        holder, role = (data["pretrained"], "student") if where == "pretrained.student" else \
+            (data["pretrained"]["tasks"][0], "teacher")
+        bare = tmp_path / f"bare-{role}"
+        shutil.copytree(holder[role], bare)
+        for f in bare.glob("tokenizer*"):
+            f.unlink()
+        holder[role] = str(bare)
+        edited = tmp_path / f"no-tokenizer-{role}.yaml"
+        edited.write_text(yaml.safe_dump(data, sort_keys=False))
+        _refused(capsys, tmp_path, ["study", str(edited)], f"{where}: '{bare}' has a config.json but no tokenizer",
+                 "tokenizer.save_pretrained")

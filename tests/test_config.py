@@ -3,7 +3,11 @@ import sys
 
 import pytest
 
+from pathlib import Path
+
 from kdlab.config import ConfigError, Profile, from_dict, load_profile, read_yaml
+
+REPO_TINY = Path(__file__).resolve().parents[1] / "params" / "tiny.yaml"
 
 
 def write(tmp_path, text):
@@ -111,3 +115,65 @@ def test_paper_training_details_are_parameters(tmp_path):
                          ("distill: {warmup: -1}\n", "distill.warmup")):
         with pytest.raises(ConfigError, match=needle):
             load_profile(write(tmp_path, text))
+
+
+# ------------------------------------------------------------------- issue 35: bounds, notes
+
+
+def _bounded_fields(cls, path=""):
+    """(dotted key, kind of bound) of every field of ``cls`` with an upper bound (``bound=``),
+    nested mappings included (lists of mappings: their own dataclass, checked separately)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from _bounded_fields(hints[f.name], f"{path}{f.name}.")
+        elif f.metadata.get("bound"):
+            yield path + f.name, f.metadata["bound"], typing.get_origin(hints[f.name]) is list
+
+
+def test_every_bounded_size_is_refused_above_its_bound_with_the_reason():
+    from kdlab.config import BOUNDS, BenchmarkSpec, PretrainedTaskSpec, _check_range, dataclasses
+
+    fields = list(_bounded_fields(Profile))
+    assert {"distill.steps", "distill.batch_size", "distill.offpd_pool", "eval.pass_n", "pretrained.max_prompt_tokens",
+            "pretrained.micro_batch_size", "rlvr.prompts_per_step"} <= {k for k, _, _ in fields}
+    for key, kind, is_list in fields:
+        top, why = BOUNDS[kind]
+        assert why and top > 0
+        value = top + 1
+        with pytest.raises(ConfigError, match=f"{key}: {value} is above the bound {top:,} \\({why[:20]}"):
+            load_profile(REPO_TINY, {key: [value] if is_list else value})
+    for cls in (BenchmarkSpec, PretrainedTaskSpec):  # lists of mappings under pretrained
+        meta = {f.name: f.metadata for f in dataclasses.fields(cls)}
+        with pytest.raises(ConfigError, match="above the bound 32,768"):
+            _check_range("pretrained.tasks[0].max_new_tokens", 40_000, meta["max_new_tokens"])
+
+
+def test_shipped_profiles_are_within_the_bounds_and_say_nothing_dropped(repo_root):
+    from kdlab.config import dropped_values
+
+    for name in ("quick", "paper", "beyond", "smol", "paper-llama", "paper-qwen", "tiny-beyond"):
+        assert dropped_values(load_profile(repo_root / "params" / f"{name}.yaml")) == [], name
+
+
+def test_what_the_study_drops_or_collapses_is_said():
+    from kdlab.config import dropped_values
+
+    p = load_profile(REPO_TINY, {"grid.lrs": [2e-4, 0.0002, 1e-3, 1e-3], "grid.lambdas": [0.0, -0.0, 0.5],
+                                 "eval.pass_n": 4, "eval.pass_ks": [1, 1, 8, 16]})
+    assert dropped_values(p) == ["eval.pass_ks lists 1 more than once (done once)",
+                                 "grid.lambdas lists 0.0 more than once (done once)",
+                                 "grid.lrs lists 0.0002, 0.001 more than once (done once)",
+                                 "eval.pass_ks [8, 16] are above eval.pass_n 4 (no pass@8, pass@16 recorded)"]
+    assert dropped_values(load_profile(REPO_TINY, {"eval.pass_ks": [1, 4]})) == []
+
+
+def test_the_device_is_auto_cpu_cuda_or_cuda_n():
+    for device in ("auto", "cpu", "cuda", "cuda:0", "cuda:12"):
+        assert load_profile(REPO_TINY, {"pretrained.device": device}).pretrained.device == device
+    for device in ("gpu", "cuda:", "cuda:x", "cuda0", "CUDA", "mps"):
+        with pytest.raises(ConfigError, match=f"pretrained.device: '{device}' is not a device"):
+            load_profile(REPO_TINY, {"pretrained.device": device})

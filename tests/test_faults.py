@@ -1,7 +1,9 @@
-"""Faults of the environment and inside runs (issue 19): one line and exit 2 for what stops a
-command (an outputs root that cannot be written, a corrupt cached or shipped model), a failed run
-recorded while the study goes on, whole files for every completed run, one copy of a model two
-studies build at once, and SIGKILL at random moments (the chaos test).
+"""Faults of the environment and inside runs (issues 19 and 35): one line and exit 2 for what
+stops a command (an outputs root that cannot be written, a corrupt cached or shipped model), a
+failed run recorded while the study goes on, whole and valid records for every completed run (an
+invalid one is redone and named), GPU faults (out of memory: recorded with the settings to lower,
+memory released; a CUDA error that poisons the process: that kernel replaced, the run redone),
+one copy of a model two studies build at once, and SIGKILL at random moments (the chaos test).
 
 Faults inside the kernels are planted with a ``sitecustomize`` module on the kernels'
 ``PYTHONPATH`` (the runner passes its environment on to them): it wraps ``kdlab.runs`` so that
@@ -24,7 +26,7 @@ from kdlab.cli import main
 from kdlab.config import load_profile
 from kdlab.results import LOCATION_COLUMNS, WALL_TIME_COLUMNS
 from kdlab.study import expand_grid, run_study
-from kdlab.study.plan import _pending, run_is_complete, run_job
+from kdlab.study.plan import _pending, invalid_records, run_is_complete, run_job
 from test_study import (FAST, REPO_ROOT, TINY, kill_when, outputs_with_models, set_args,  # noqa: F401
                         tiny_models)
 
@@ -52,11 +54,17 @@ def test_an_outputs_root_that_cannot_be_written_is_one_line(tmp_path, capsys, cm
 # ------------------------------------------------------------------------- truncated files
 
 
+# A whole run record (kdlab.records.RUN_METRICS / RUN_HISTORY).
+RECORD = {"run_id": "r", "task": "countdown-3", "policy": "off", "lam": -1.0, "kl": "forward", "lr": 1e-4, "seed": 0,
+          "dtype": "bf16", "grad_clip": 1.0, "accuracy": 0.5, "base_accuracy": 0.25, "forgetting": -0.01,
+          "sparsity": 0.9, "collapsed": False, "wall_s": 3.0}
+
+
 def test_a_truncated_history_or_metrics_file_makes_the_run_redo(tmp_path):
     cfg = expand_grid(load_profile(TINY))[0]
     job = run_job(tmp_path, cfg)
     job.out_dir.mkdir(parents=True)
-    whole = {"history.json": "[{\"step\": 0, \"loss\": 1.0}]", "metrics.json": "{\"accuracy\": 0.5}"}
+    whole = {"history.json": "[{\"step\": 0, \"loss\": 1.0}]", "metrics.json": json.dumps(RECORD)}
     for name, text in whole.items():
         (job.out_dir / name).write_text(text)
     assert run_is_complete(job.out_dir) and _pending([job]) == [(job, True)]  # (no run.ipynb: shown again)
@@ -64,6 +72,27 @@ def test_a_truncated_history_or_metrics_file_makes_the_run_redo(tmp_path):
         (job.out_dir / name).write_text(text[: len(text) // 2])
         assert not run_is_complete(job.out_dir) and _pending([job]) == [(job, False)], name
         (job.out_dir / name).write_text(text)
+
+
+@pytest.mark.parametrize("metrics,history,needle", [
+    ({}, [], "metrics.json: 'run_id' is missing"),
+    ([], [], "metrics.json holds list, not an object"),
+    ({**RECORD, "accuracy": "0.5"}, [], "metrics.json: 'accuracy' is '0.5', expected a number"),
+    ({**RECORD, "seed": 0.5}, [], "metrics.json: 'seed' is 0.5, expected an integer"),
+    ({**RECORD, "collapsed": 0}, [], "metrics.json: 'collapsed' is 0, expected true or false"),
+    ({**RECORD, "sparsity": None}, [], "metrics.json: 'sparsity' is null, expected a number"),
+    (RECORD, {}, "history.json holds dict, not a list"),
+    (RECORD, [{"step": 0, "loss": 1.0}, {"loss": 0.5}], "history.json entry 1: 'step' is missing"),
+])
+def test_a_record_that_parses_but_lacks_what_the_table_reads_makes_the_run_redo(tmp_path, metrics, history, needle):
+    """Issue 35: `{}` (and any record without the fields and types of kdlab.records) is not complete."""
+    job = run_job(tmp_path, expand_grid(load_profile(TINY))[0])
+    job.out_dir.mkdir(parents=True)
+    (job.out_dir / "metrics.json").write_text(json.dumps(metrics))
+    (job.out_dir / "history.json").write_text(json.dumps(history))
+    assert not run_is_complete(job.out_dir) and _pending([job]) == [(job, False)]
+    [(named, problems)] = invalid_records([job])
+    assert named is job and needle in problems, problems
 
 
 # ------------------------------------------------------------------------ faults inside runs
@@ -110,7 +139,7 @@ def test_faults_inside_runs_are_recorded_and_the_study_goes_on(tiny_models, tmp_
     for cell, ename in [(("off", "forward"), "NotADirectoryError"), (("on", "forward"), "NonFiniteMetrics"),
                         (("off", "reverse"), "DeadKernelError")]:
         assert f"  {ids[cell]}: {ename}: " in out, (cell, out)
-    assert "cannot be written" in out and "sparsity: not a finite number" in out
+    assert "cannot be written" in out and "'sparsity' is nan, not a finite number" in out
     nan_run = runs / ids["on", "forward"]
     assert not (nan_run / "metrics.json").exists() and (nan_run / "metrics.nonfinite.json").exists()
     assert json.loads((nan_run / "error.json").read_text())["ename"] == "NonFiniteMetrics"
@@ -118,6 +147,116 @@ def test_faults_inside_runs_are_recorded_and_the_study_goes_on(tiny_models, tmp_
     # the fourth run, after the dead kernel was replaced, completed; the report shows it
     assert pd.read_parquet(outputs / "tiny" / "results.parquet")["run_id"].tolist() == [ids["on", "reverse"]]
     assert (outputs / "tiny" / "report.html").exists()
+
+
+# ------------------------------------------------------------------------------ GPU faults
+
+# Planted in every kernel (issue 35), each fault once (a marker file): off/reverse runs out of GPU
+# memory holding a stand-in for its tensors (a finalizer logs when it is collected; torch.cuda
+# reports an initialised context until empty_cache is called, which logs); on/forward hits a
+# device-side assert. $KDLAB_FAULT_LOG gets "<event> <cell or what> <kernel pid>" lines.
+GPU_FAULTS = """
+import os
+import weakref
+from pathlib import Path
+
+import torch
+import kdlab.runs as R
+
+_run = R.execute_run
+LOG = Path(os.environ["KDLAB_FAULT_LOG"])
+
+
+class Tensors:
+    pass
+
+
+def log(*words):
+    with open(LOG, "a") as f:
+        f.write(" ".join(str(w) for w in (*words, os.getpid())) + "\\n")
+
+
+def once(name):
+    marker = LOG.parent / name
+    if marker.exists():
+        return False
+    marker.write_text("")
+    return True
+
+
+def execute_run(profile, cfg, *args, **kwargs):
+    cell = f"{cfg.policy}/{cfg.kl}"
+    log("start", cell)
+    if cell == "off/reverse" and once("oom"):
+        tensors = Tensors()
+        weakref.finalize(tensors, log, "collected", cell)
+        initialised, empty = torch.cuda.is_initialized, torch.cuda.empty_cache
+
+        def empty_cache():
+            log("empty_cache", cell)
+            torch.cuda.is_initialized, torch.cuda.empty_cache = initialised, empty
+
+        torch.cuda.is_initialized, torch.cuda.empty_cache = (lambda: True), empty_cache
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
+    if cell == "on/forward" and once("assert"):
+        raise torch.AcceleratorError("CUDA error: device-side assert triggered (simulated)")
+    return _run(profile, cfg, *args, **kwargs)
+
+
+R.execute_run = execute_run
+"""
+
+
+def test_gpu_faults_and_an_invalid_record(tiny_models, tmp_path, monkeypatch, capsys):
+    """Out of GPU memory: recorded with the settings to lower, the run's memory released before the
+    next run, which goes on in the same kernel. A device-side assert: that kernel replaced, the run
+    redone in the fresh one. Then a rerun: the OOM run is done, and a record emptied to ``{}`` is
+    redone and named; the table has every run."""
+    plant = tmp_path / "plant"
+    plant.mkdir()
+    (plant / "sitecustomize.py").write_text(GPU_FAULTS)
+    log = tmp_path / "faults.log"
+    monkeypatch.setenv("PYTHONPATH", str(plant))
+    monkeypatch.setenv("KDLAB_FAULT_LOG", str(log))
+    outputs = outputs_with_models(tmp_path / "out", tiny_models)
+    sets = {**FAST, "grid.lrs": [1e-4]}  # off/forward, on/forward, off/reverse, on/reverse (schedule order)
+    ids = {f"{c.policy}/{c.kl}": c.run_id for c in expand_grid(load_profile(TINY, sets))}
+    runs = outputs / "tiny" / "runs"
+
+    rc = run_study(TINY, outputs, workers=1, overrides=sets, progress=False)
+    out = capsys.readouterr().out
+    events = [line.split() for line in log.read_text().splitlines()]
+    assert rc == 1 and "1 run(s) failed:" in out, out
+    # out of memory: recorded with the reason and the settings to lower, with the run's values
+    err = json.loads((runs / ids["off/reverse"] / "error.json").read_text())
+    assert err["ename"] == "OutOfMemoryError" and "CUDA out of memory" in err["evalue"]
+    for needle in ("out of GPU memory", "pretrained.micro_batch_size", "now 0, the whole batch of 8",
+                   "pretrained.kl_chunk_size", "now 0, off"):
+        assert needle in err["remedy"] and needle in out, needle
+    # its memory released before the next run started, in the same kernel
+    oom_pid = next(pid for e, cell, pid in events if e == "start" and cell == "off/reverse")
+    after = [(e, cell) for e, cell, pid in events[events.index(["start", "off/reverse", oom_pid]) + 1:]]
+    assert after[:3] == [("collected", "off/reverse"), ("empty_cache", "off/reverse"), ("start", "on/reverse")], events
+    assert [pid for e, cell, pid in events if cell == "on/reverse"] == [oom_pid]
+    # the device-side assert: a fresh kernel (another process) redid the run, which completed
+    starts = [(cell, pid) for e, cell, pid in events if e == "start" and cell == "on/forward"]
+    assert len(starts) == 2 and starts[0][1] != starts[1][1], events
+    assert run_is_complete(runs / ids["on/forward"]) and not (runs / ids["on/forward"] / "error.json").exists()
+    assert f"1 run(s) redone:\n  {ids['on/forward']}: AcceleratorError: CUDA error: device-side assert" in out, out
+    timing = json.loads((outputs / "tiny" / "timing.json").read_text())
+    assert "device-side assert" in timing["runs"][ids["on/forward"]]["redone"]
+
+    (runs / ids["on/reverse"] / "metrics.json").write_text("{}")  # parses, holds nothing
+    before = (runs / ids["off/forward"] / "metrics.json").stat().st_mtime_ns
+    assert run_study(TINY, outputs, workers=1, overrides=sets, progress=False) == 0
+    out = capsys.readouterr().out
+    assert (f"1 recorded run(s) redone, their record is not what the results table reads: "
+            f"{ids['on/reverse']} (metrics.json: 'run_id' is missing)") in out, out
+    assert f"  {ids['on/reverse']}: its record was not what the results table reads" in out
+    assert "study tiny: 4/4 runs complete" in out
+    assert (runs / ids["off/forward"] / "metrics.json").stat().st_mtime_ns == before  # complete: not redone
+    df = pd.read_parquet(outputs / "tiny" / "results.parquet")
+    assert sorted(df["run_id"]) == sorted(ids.values()) and df["accuracy"].notna().all()
 
 
 # ------------------------------------------------------------------------- corrupt models

@@ -548,8 +548,9 @@ def read_profile_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[st
     if not path.exists():
         raise ConfigError(f"parameter file {path} does not exist")
     if path.is_dir():
-        raise ConfigError(f"parameter file {path} is a directory; give a profile file in it, such as "
-                          f"{path / 'quick.yaml'}")
+        inside = sorted(p.name for p in path.glob("*.yaml"))
+        raise ConfigError(f"parameter file {path} is a directory; give a profile file"
+                          + (f" in it: {', '.join(inside[:8])}{', ...' if len(inside) > 8 else ''}" if inside else ""))
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:

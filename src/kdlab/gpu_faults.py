@@ -53,15 +53,20 @@ def oom_remedy(run: dict[str, Any] | None) -> str:
 
 
 def release_memory() -> None:
-    """Drop the last exception (``sys.last_*`` keep its traceback, and with it the frames and
-    tensors of the run that raised), collect garbage and return CUDA's cached blocks to the
-    device. Called in the kernel after ``%reset -f`` (which keeps ``sys.last_*``)."""
+    """Drop the last exception (``sys.last_*`` and IPython's traceback formatter keep its
+    traceback, and with it the frames and tensors of the notebook that raised), collect garbage
+    and return CUDA's cached blocks to the device. Called in a kernel after ``%reset -f``, which
+    keeps all three."""
     import gc
     import sys
 
     for name in ("last_type", "last_value", "last_traceback", "last_exc"):
         if hasattr(sys, name):
             delattr(sys, name)
+    shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
+    for formatter in (getattr(shell, "InteractiveTB", None), getattr(shell, "SyntaxTB", None)):
+        if hasattr(formatter, "tb"):
+            formatter.tb = None
     gc.collect()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():

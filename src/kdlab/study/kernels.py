@@ -58,13 +58,11 @@ _RESET = """
 %reset -f
 def _kdlab_prepare(cwd):
     import gc, os, sys
-    for name in ("last_type", "last_value", "last_traceback", "last_exc"):  # the last error's frames
-        if hasattr(sys, name):
-            delattr(sys, name)
+    import kdlab.gpu_faults
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")
     os.chdir(cwd)
-    gc.collect()
+    kdlab.gpu_faults.release_memory()  # the last notebook's error and its frames too
     gc.freeze()  # what survives a reset is module state (imports, caches): keep it frozen too
     get_ipython().execution_count = 1
 _kdlab_prepare({cwd!r})

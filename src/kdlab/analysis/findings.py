@@ -931,8 +931,8 @@ def _variant_metric(df: pd.DataFrame, variants: list[str]) -> str:
 
 
 def finding_10(df: pd.DataFrame) -> FindingResult:
-    """Three parts on harder-variant accuracy along the spectrum: it rises with lambda; lambda > 0
-    is above OffPD under forward KL; and under reverse KL.
+    """Three parts on harder-variant pass@k along the spectrum: it rises with lambda; lambda > 0 is
+    above OffPD under forward KL; and under reverse KL.
 
     STUDY.md: "On-policy generalises better to harder variants: on Countdown-4E, pass@k rises
     gradually along the spectrum; lambda > 0 is 10-15 points above off-policy, under both
@@ -972,7 +972,7 @@ def finding_10(df: pd.DataFrame) -> FindingResult:
         return _no_replicates(10, test, "(kl, lambda, lr) cell")
     idx = c.means.index
     groups = [g for g in idx.droplevel("lam").unique() if (idx.droplevel("lam") == g).sum() >= 3]
-    claim_a = "harder-variant accuracy rises gradually along the lambda spectrum"
+    claim_a = "harder-variant pass@k rises gradually along the lambda spectrum"
     if groups:
         parts = [_part(claim_a, f"{col}: Spearman rho(lambda, cell mean)", bootstrap(c, lambda M: _rank_trend(M, groups),
                                                                                        scale=1.0),

@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 PARAMS ?= params/quick.yaml
 WORKERS ?= 2
 
-.PHONY: study teachers test bench bench-real bench-study smol env env-dev env-real clean-outputs
+.PHONY: study teachers test bench bench-real bench-study bench-gpu gpu-check smol env env-dev env-real clean-outputs
 
 # pip byte-compiles what it installs on one core (about 55 of the 91 s this install takes on the
 # 2-core machine); it installs with --no-compile and compileall then compiles on every core
@@ -66,6 +66,7 @@ bench: env
 # its countdown-3 teacher: make bench-real BENCH_REAL_ARGS="--teacher outputs/models/teacher-countdown-3-..."
 # -> outputs/bench/real.json
 BENCH_REAL_ARGS ?=
+BENCH_GPU_ARGS ?=
 bench-real: env
 	$(PIP_INSTALL) -e ".[bench,real]"
 	$(COMPILE)
@@ -78,6 +79,19 @@ BASELINE ?= 38a876f
 BENCH_STUDY_ARGS ?=
 bench-study: env
 	$(PY) benchmarks/bench_study.py --baseline $(BASELINE) $(BENCH_STUDY_ARGS)
+
+# On a machine with a CUDA GPU (and a CUDA build of torch: TORCH_SPEC above): the gpu tests, a
+# two-run real-model study on tiny checkpoints built on the spot, and a quick GPU benchmark, one
+# screen, under 5 minutes on one H200. Without CUDA: one line, exit 2.
+gpu-check: env-dev
+	@$(PY) benchmarks/gpu_check.py
+
+# kdlab against TRL's GKDTrainer and DistillationTrainer on one GPU (SmolLM2-135M / 360M shapes,
+# the four cells at 64 and 256 new tokens) -> outputs/bench/gpu.json
+bench-gpu: env
+	$(PIP_INSTALL) -e ".[bench,real]"
+	$(COMPILE)
+	@$(PY) benchmarks/bench_gpu.py $(BENCH_GPU_ARGS)
 
 clean-outputs:
 	rm -rf outputs/*/ && touch outputs/.gitkeep

@@ -322,10 +322,11 @@ def trl_rows(data: dict, encode_prompt: Any, n: int) -> list[dict[str, Any]]:
 
 def time_trl(student: torch.nn.Module, teacher: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]],
              policy: str, kl: str, new_tokens: int, warmup: int, window: int, repeats: int, batch: int,
-             lr: float = LR, clock: Any = None) -> dict[str, Any]:
+             lr: float = LR, clock: Any = None, use_cpu: bool = True) -> dict[str, Any]:
     """Time TRL's GKDTrainer on one cell (same models, prompts, batch, lr, KL direction as kdlab):
     a warm-up trainer, then the measured one. Returns what :func:`time_kdlab` returns;
-    ``clock`` is entered around the measured training only."""
+    ``clock`` is entered around the measured training only; ``use_cpu`` False: the trainer's
+    device is the GPU the models are on."""
     from datasets import Dataset
     from transformers import TrainerCallback
 
@@ -356,7 +357,7 @@ def time_trl(student: torch.nn.Module, teacher: torch.nn.Module, tokenizer: Any,
                          max_steps=max_steps, learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,
                          weight_decay=0.0, max_grad_norm=1.0, optim="adamw_torch", lmbda=TRL_LMBDA[policy],
                          beta=TRL_BETA[kl], temperature=1.0, max_new_tokens=new_tokens, seq_kd=False,
-                         gradient_checkpointing=False, bf16=False, use_cpu=True, seed=0, data_seed=0,
+                         gradient_checkpointing=False, bf16=False, use_cpu=use_cpu, seed=0, data_seed=0,
                          dataloader_num_workers=0, dataloader_drop_last=True, logging_strategy="no",
                          save_strategy="no", report_to="none", disable_tqdm=True)
         return CountingGKD(model=student, teacher_model=teacher, args=args, processing_class=tokenizer,

@@ -240,7 +240,12 @@ class PhaseClock:
             if phase == "student_forward" and self._in_rollout:
                 open_calls.append(None)  # a decoding step: counted by the rollout timer
                 return
-            ids = kwargs.get("input_ids", args[0] if args else None)
+            ids = kwargs.get("input_ids")
+            if ids is None:  # positional ids; a wrapper's call (TRL's forward redirection) has none: not counted
+                ids = next((a for a in args if isinstance(a, torch.Tensor) and a.dim() == 2), None)
+            if ids is None:
+                open_calls.append(None)
+                return
             keep = kwargs.get("logits_to_keep")
             b, length = ids.shape
             flop = forward_flops(shape, b, length, head_positions=keep if isinstance(keep, int) and keep > 0 else None)

@@ -215,3 +215,20 @@ def test_the_gradient_experiment_on_the_gpu():
     assert list(got.columns) == list(ref.columns) and len(got) == len(ref) > 0
     num = got.select_dtypes("number").columns
     assert got[num].to_numpy() == pytest.approx(ref[num].to_numpy(), rel=1e-4, abs=1e-6)
+
+
+def test_the_shared_offpd_teacher_logits_on_the_gpu():
+    """The pool's teacher logits computed once on the GPU and read by a run (also from a store
+    saved on the CPU, as the study's cache holds it)."""
+    from kdlab.distill import offpd_teacher_logits
+
+    task = get_task("countdown-3")
+    pool = ProblemPool(task, "train", 64, seed=0)
+    student, teacher = _models()
+    with cuda_stand_in():
+        offpd = offpd_rollouts(teacher, task, pool, 8, 1.0, seed=0, max_new_tokens=task.max_new_tokens)
+        store = offpd_teacher_logits(teacher, offpd)
+        assert store.device.type == "cuda"
+        res = distill(student, teacher, task, RunConfig(steps=2, batch_size=4), offpd=offpd, progress=False,
+                      offpd_teacher_logits=store.cpu())
+    assert [h["teacher_cached"] for h in res.history] == [1.0, 1.0]

@@ -232,3 +232,35 @@ def test_keep_freed_heap_takes_effect_with_glibc():
     assert isinstance(took, bool)
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         assert took
+
+
+def test_shared_offpd_teacher_logits_are_the_teachers_and_leave_the_run_unchanged(setup):
+    """The whole pool's teacher logits, computed once (``offpd_teacher_logits``), equal the
+    teacher's logits of each response (zero past its end), and an OffPD run that reads them
+    trains as one that runs the teacher on the rows it draws (up to float rounding of the
+    batch shapes), with every row served from the store."""
+    from kdlab.batching import pad_left, pad_right, response_logits
+    from kdlab.data import prompt_ids
+    from kdlab.distill import offpd_teacher_logits
+
+    task, pool, teacher, offpd = setup
+    store = offpd_teacher_logits(teacher, offpd)
+    problems, responses = offpd
+    assert store.shape[:2] == (len(responses), max(len(r) for r in responses))
+    for i in (0, 5):
+        p, pm = pad_left([prompt_ids(problems[i].prompt)])
+        r, rm = pad_right([responses[i]])
+        with torch.no_grad():
+            ref = response_logits(teacher, p, pm, r, rm)[0]
+        n = len(responses[i])
+        torch.testing.assert_close(store[i, :n], ref, atol=2e-2, rtol=2e-2)  # bf16 teacher, other batch shapes
+        assert not store[i, n:].any()
+    cfg = RunConfig(steps=3, batch_size=4, lr=1e-3)
+    plain = distill(build_model("llama", "nano", seed=0), teacher, task, cfg, offpd=offpd, progress=False)
+    shared = distill(build_model("llama", "nano", seed=0), teacher, task, cfg, offpd=offpd, progress=False,
+                     offpd_teacher_logits=store)
+    assert [h["teacher_cached"] for h in shared.history] == [1.0, 1.0, 1.0]
+    assert [h["loss"] for h in shared.history] == pytest.approx([h["loss"] for h in plain.history], rel=2e-2)
+    with pytest.raises(ValueError, match="does not fit"):
+        distill(build_model("llama", "nano", seed=0), teacher, task, cfg, offpd=offpd, progress=False,
+                offpd_teacher_logits=store[:-1])

@@ -275,6 +275,23 @@ class _OffPDTeacherLogits:
         item = next(teacher.parameters()).element_size()
         return len(responses) * max(1, max(len(r) for r in responses)) * vocab * item <= TEACHER_CACHE_BYTES
 
+    def fill(self, chunk: int = OFFPD_CHUNK) -> torch.Tensor:
+        """Every pool row's logits, computed in chunks of ``chunk`` rows in pool order (the same
+        shapes, so the same values, whoever calls it); returns the (pool, longest, V) store, to
+        be shared by every run that trains on this pool (``preloaded``)."""
+        for start in range(0, len(self.responses), chunk):
+            self.batch(list(range(start, min(start + chunk, len(self.responses)))), 1)
+        return self.store
+
+    def preload(self, store: torch.Tensor) -> None:
+        """Take a store that ``fill`` made for this pool (on another run's teacher and pool)."""
+        longest = max(1, max(len(x) for x in self.responses))
+        if store.shape[:2] != (len(self.responses), longest):
+            raise ValueError(f"teacher-logit store of shape {tuple(store.shape)} does not fit a pool of "
+                             f"{len(self.responses)} responses of at most {longest} tokens")
+        self.store = store.to(next(self.teacher.parameters()).device)
+        self.filled[:] = True
+
     def batch(self, idx: list[int], width: int) -> tuple[torch.Tensor, int]:
         """(B, width, V) teacher logits of pool rows ``idx`` (zeros past a row's end) and how many
         rows reused logits (cached before, or computed once for an earlier row of this batch)."""
@@ -293,6 +310,22 @@ class _OffPDTeacherLogits:
                 self.store[i, n:] = 0
             self.filled[missing] = True
         return self.store[torch.tensor(idx), :width], len(idx) - len(missing)
+
+
+def offpd_teacher_logits(teacher: torch.nn.Module, offpd: tuple[list[Problem], list[list[int]]],
+                         teacher_prompt: Callable[[Problem], str] | None = None, codec=CHAR,
+                         teacher_system: str | None = None) -> torch.Tensor | None:
+    """The frozen teacher's logits of every OffPD pool response, (pool, longest, V), zero past
+    each response's end: what every OffPD run on this pool (any KL, rate or seed: the teacher,
+    pool and prompts fix them) reads instead of running the teacher. None when the store would
+    exceed ``TEACHER_CACHE_BYTES`` (runs then compute the rows they draw)."""
+    problems, responses = offpd
+    if not _OffPDTeacherLogits.fits(teacher, responses):
+        return None
+    tp = teacher_prompt or (lambda p: p.prompt)
+    cache = _OffPDTeacherLogits(teacher, problems, responses, [codec.prompt(tp(p), teacher_system) for p in problems],
+                                codec)
+    return cache.fill()
 
 
 def all_finite(params: list[torch.nn.Parameter], world: int = 1) -> bool:
@@ -397,14 +430,16 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             offpd: tuple[list[Problem], list[list[int]]] | None = None, pool=None,
             teacher_prompt: Callable[[Problem], str] | None = None, progress: bool = True,
             desc: str | None = None, codec=CHAR, teacher_system: str | None = None,
-            max_new_tokens: int | None = None) -> RunResult:
+            max_new_tokens: int | None = None, offpd_teacher_logits: torch.Tensor | None = None) -> RunResult:
     """Train ``student`` in place (cast to ``cfg.dtype``) by distillation from frozen ``teacher``.
 
     ``offpd`` (problems, teacher responses) is required for policy "off"; ``pool`` (train
     problems, ``kdlab.data.ProblemPool``) for the others. ``teacher_prompt`` maps a problem to
     the teacher's prompt text (default: the student's); ``teacher_system`` is a system turn only
     the teacher sees. ``codec`` renders prompts (default: kdlab's char tokenizer). Rollouts are
-    at most ``max_new_tokens`` (default: the task's). Returns the per-step history; never
+    at most ``max_new_tokens`` (default: the task's). ``offpd_teacher_logits``: the OffPD pool's
+    teacher logits, every row (``offpd_teacher_logits``, shared by the runs on one pool); without
+    them a run computes the rows it draws, once each. Returns the per-step history; never
     raises on divergence: a non-finite loss or parameter stops the run and marks it collapsed.
     """
     t_start = time.perf_counter()
@@ -445,9 +480,11 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             sf_gens[str(dev)] = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
         return sf_gens[str(dev)]
     cache = None
-    if cfg.policy == "off" and _OffPDTeacherLogits.fits(teacher, offpd[1]):
+    if cfg.policy == "off" and (offpd_teacher_logits is not None or _OffPDTeacherLogits.fits(teacher, offpd[1])):
         cache = _OffPDTeacherLogits(teacher, offpd[0], offpd[1],
                                     [codec.prompt(tp(p), teacher_system) for p in offpd[0]], codec)
+        if offpd_teacher_logits is not None:  # the whole pool's, computed once for every run on it
+            cache.preload(offpd_teacher_logits)
     history: list[dict[str, Any]] = []
     collapsed, collapse_step = False, None
     bar = tqdm(range(cfg.steps), desc=desc or cfg.run_id, disable=not progress or rank > 0, leave=False)

@@ -19,7 +19,8 @@ from . import materials
 from .codec import CHAR
 from .config import Profile
 from .data import ProblemPool
-from .distill import DTYPE_NAMES, DTYPES, RunConfig, compute_dtype_of, distill, offpd_rollouts, upcast
+from .distill import (DTYPE_NAMES, DTYPES, RunConfig, compute_dtype_of, distill, offpd_rollouts, offpd_teacher_logits,
+                      upcast)
 from .evaluate import accuracy, pass_at_ks
 from .atomic import write_atomic, write_json_atomic
 from .kl import SAMPLED_KINDS
@@ -136,6 +137,29 @@ def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teac
     return problems, responses
 
 
+def offpd_logits_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teacher_dir: Path,
+                       offpd: tuple[list[Problem], list[list[int]]], cache_root: Path,
+                       teacher_prompt: Callable[[Problem], str] | None = None, codec=CHAR) -> torch.Tensor | None:
+    """The teacher's logits of the whole OffPD pool (``distill.offpd_teacher_logits``), computed
+    once per pool and teacher arithmetic and read by every OffPD run on that pool: in the quick
+    grid, the 4 KL x rate runs of each seed and all seeds share one pool per task, so 12 runs
+    read what one computes. None where the store is too large to keep (runs then compute the
+    rows they draw)."""
+    dtype = DTYPE_NAMES[next(teacher.parameters()).dtype]
+    teacher_temperature = cfg.sample_temperatures()[1]
+    parts = (materials.model_id(teacher_dir), cfg.task, cfg.data_seed, cfg.offpd_pool, teacher_temperature, profile.trace,
+             TRAIN_POOL, dtype, "logits", "instructed" if teacher_prompt is not None else "plain",
+             materials.teacher_system(profile) or "")
+    path = cache_root / "offpd" / f"{cfg.task}-logits-{_key(*parts)}.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    store = offpd_teacher_logits(teacher, offpd, teacher_prompt=teacher_prompt, codec=codec,
+                                 teacher_system=materials.teacher_system(profile))
+    if store is not None:
+        write_atomic(path, lambda tmp: torch.save(store.cpu(), tmp))
+    return store
+
+
 def style_metrics(model: torch.nn.Module, profile: Profile, codec=CHAR) -> dict[str, float]:
     """``style_*`` metrics of a model on the student's own (uninstructed) prompts of
     ``style.n_test`` test problems of ``style.task`` (``kdlab.style.style_report``, greedy, through
@@ -189,11 +213,14 @@ def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_ro
     t_off0 = time.perf_counter()
     offpd = (offpd_cache(profile, cfg, teacher, teacher_dir, task, pool, cache_root, teacher_prompt=teacher_prompt,
                          codec=codec) if cfg.policy == "off" else None)
+    logits = (offpd_logits_cache(profile, cfg, teacher, teacher_dir, offpd, cache_root, teacher_prompt=teacher_prompt,
+                                 codec=codec) if cfg.policy == "off" else None)
     offpd_s = time.perf_counter() - t_off0
     dtype = DTYPES[cfg.dtype]
     before = {k: v.detach().to(dtype).clone() for k, v in student.named_parameters()}
     result = distill(student, teacher, task, cfg, offpd=offpd, pool=pool, teacher_prompt=teacher_prompt,
-                     progress=progress, codec=codec, teacher_system=materials.teacher_system(profile))
+                     progress=progress, codec=codec, teacher_system=materials.teacher_system(profile),
+                     offpd_teacher_logits=logits)
     del teacher
     t_ev = time.perf_counter()
     judged = upcast(student, arith)

@@ -186,3 +186,33 @@ def test_a_checkpoint_without_tokenizer_files_is_one_line(capsys, tmp_path):
         edited.write_text(yaml.safe_dump(data, sort_keys=False))
         _refused(capsys, tmp_path, ["study", str(edited)], f"{where}: '{bare}' has a config.json but no tokenizer",
                  "tokenizer.save_pretrained")
+
+
+def test_what_a_study_drops_or_collapses_is_said_in_one_line(capsys, tmp_path, monkeypatch):
+    import kdlab.study.runner as runner
+    from kdlab.study import run_study
+
+    monkeypatch.setattr(runner, "_run_profile", lambda *a, **k: 0)  # stop where the work would start
+    assert run_study(TINY, tmp_path / "out", overrides={"grid.lrs": [2e-4, 0.0002]}, progress=False) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert notes == ["note: grid.lrs lists 0.0002 more than once (done once); "
+                     "eval.pass_ks [10] is above eval.pass_n 4 (no pass@10 recorded)"]
+
+
+def test_a_run_out_of_gpu_memory_on_the_command_line_is_one_line_with_the_settings_to_lower(capsys, tmp_path,
+                                                                                           monkeypatch):
+    import torch
+
+    import kdlab.runs
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore text")
+
+    monkeypatch.setattr(kdlab.runs, "execute_run", out_of_memory)
+    outputs = tmp_path / "out"
+    assert main(["--outputs", str(outputs), "distill", TINY, "--set", "pretrained.micro_batch_size=4"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == "kdlab: note: eval.pass_ks [10] is above eval.pass_n 4 (no pass@10 recorded)"
+    assert len(lines) == 2 and "CUDA out of memory. Tried to allocate 20.00 GiB more text" in lines[1]
+    assert "lower pretrained.micro_batch_size (rows per forward/backward, now 4)" in lines[1]
+    assert "pretrained.kl_chunk_size" in lines[1] and not outputs.exists()

@@ -329,31 +329,46 @@ def _execute_job(kernel: WarmKernel, job: Job, recorded: bool, ctx: "Context") -
             type(e).__name__, f"the run directory {run_dir} cannot be written: {e}")))
     outcome = _attempt(kernel, job, recorded, ctx)
     if outcome.error is not None and poisons_process(outcome.error) and not ctx.stop.is_set():
-        first = f"{outcome.error['ename']}: {_first_line(outcome.error['evalue'])}"
-        log.warning("kernel %d: %s in %s; replacing the kernel and redoing the run", kernel.index, first, job.id)
-        problem = _replace(kernel)
-        try:
-            if not recorded:
-                _fresh_dir(run_dir)
-        except OSError as e:
-            problem = problem or f"the run directory {run_dir} cannot be written: {e}"
-        if problem:
-            outcome.error["evalue"] = f"{outcome.error['evalue']} (then {problem})"
-            return _record_fault(job, ctx, outcome)
-        outcome = _attempt(kernel, job, recorded, ctx)
-        if outcome.error is None:
-            outcome.redone = f"{first} (kernel {kernel.index} replaced, the run redone)"
-        elif poisons_process(outcome.error):
-            outcome.error["evalue"] = f"{outcome.error['evalue']} (again in a fresh kernel: the run itself causes it)"
-            _replace(kernel)  # the next run gets a usable process
+        outcome = _redo_in_a_fresh_kernel(kernel, job, recorded, ctx, outcome)
     elif outcome.error is not None and out_of_memory(outcome.error):
-        outcome.error["remedy"] = oom_remedy(dict(job.params).get("run"))
-        try:
-            kernel.run_code(RELEASE)
-        except Exception as e:  # noqa: BLE001 - a kernel that cannot release is replaced
-            log.warning("kernel %d: could not release memory after %s (%s); replacing it", kernel.index, job.id, e)
-            _replace(kernel)
+        _release_after_oom(kernel, job, outcome)
     return _record_fault(job, ctx, outcome)
+
+
+def _redo_in_a_fresh_kernel(kernel: WarmKernel, job: Job, recorded: bool, ctx: "Context",
+                            outcome: NotebookOutcome) -> NotebookOutcome:
+    """After a CUDA error that poisons ``kernel``'s process: replace that kernel (the other workers
+    go on) and execute the job again in the fresh one, once; the outcome of the second attempt
+    (``redone`` says why it was redone), or the first when the kernel could not be replaced."""
+    first = f"{outcome.error['ename']}: {_first_line(outcome.error['evalue'])}"
+    log.warning("kernel %d: %s in %s; replacing the kernel and redoing the run", kernel.index, first, job.id)
+    problem = _replace(kernel)
+    try:
+        if not recorded:
+            _fresh_dir(job.out_dir)
+    except OSError as e:
+        problem = problem or f"the run directory {job.out_dir} cannot be written: {e}"
+    if problem:
+        outcome.error["evalue"] = f"{outcome.error['evalue']} (then {problem})"
+        return outcome
+    again = _attempt(kernel, job, recorded, ctx)
+    if again.error is None:
+        again.redone = f"{first} (kernel {kernel.index} replaced, the run redone)"
+    elif poisons_process(again.error):
+        again.error["evalue"] = f"{again.error['evalue']} (again in a fresh kernel: the run itself causes it)"
+        _replace(kernel)  # the next run gets a usable process
+    return again
+
+
+def _release_after_oom(kernel: WarmKernel, job: Job, outcome: NotebookOutcome) -> None:
+    """After a run ran out of GPU memory: add the settings to lower to its error and release the
+    kernel's memory (a kernel that cannot is replaced); the worker goes on in it."""
+    outcome.error["remedy"] = oom_remedy(dict(job.params).get("run"))
+    try:
+        kernel.run_code(RELEASE)
+    except Exception as e:  # noqa: BLE001 - a kernel that cannot release is replaced
+        log.warning("kernel %d: could not release memory after %s (%s); replacing it", kernel.index, job.id, e)
+        _replace(kernel)
 
 
 def _attempt(kernel: WarmKernel, job: Job, recorded: bool, ctx: "Context") -> NotebookOutcome:

@@ -8,12 +8,12 @@ What is compared
 ----------------
 Both frameworks train the same student ("student-s", 0.87M parameters) from the same teacher (a
 6.06M-parameter Llama: hidden 256, 8 layers, 4 heads, MLP 640), both built with
-``kdlab.models.build_model`` and run in bf16 (parameters and compute, no fp32 master copy, as the
+``kdlab.models.toy.build_model`` and run in bf16 (parameters and compute, no fp32 master copy, as the
 study runs), on the same countdown-3 prompts (the OffPD pool's prompts, which both also sample
 on-policy), batch 32, at most 32 new tokens, AdamW at the same learning rate (constant),
 gradient clipping at 1.0, temperature 1. Four cells: OffPD / OnPD x forward / reverse KL.
 
-* kdlab: ``kdlab.distill.distill`` with a ``RunConfig``, exactly as the study calls it; the time
+* kdlab: ``kdlab.engine.distill.distill`` with a ``RunConfig``, exactly as the study calls it; the time
   of each step is read from its history (``time_s``: rollout + teacher + student update +
   per-step metrics, i.e. the whole loop body).
 * TRL: ``trl.experimental.gkd.GKDTrainer`` with ``lmbda`` = 0 (off-policy: the dataset's
@@ -67,7 +67,7 @@ logits' dtype (bf16 here; kdlab upcasts to float32) and divides by the Trainer's
 ``num_items_in_batch``, which is counted from the collated dataset labels before on-policy
 generation replaces them, so TRL's logged on-policy losses are scaled by that count.
 
-``--kl-memory``: peak extra memory of ``kdlab.kl.token_kl_chunked`` against a naive
+``--kl-memory``: peak extra memory of ``kdlab.core.kl.token_kl_chunked`` against a naive
 two-log-softmax KL (forward + backward) at a Llama-3 vocabulary (128,256) and 4,096 tokens
 with bf16 logits, each in its own subprocess, same RSS method; values compared to 1e-5.
 """
@@ -100,13 +100,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT / "src") not in sys.path:
     sys.path.insert(0, str(REPO_ROOT / "src"))
 
-from kdlab.batching import pad_left, pad_right, response_logits  # noqa: E402
-from kdlab.data import ProblemPool, prompt_ids  # noqa: E402
-from kdlab.distill import RunConfig, distill, offpd_rollouts  # noqa: E402
-from kdlab.kl import kl_loss  # noqa: E402
-from kdlab.models import build_model  # noqa: E402
-from kdlab.tasks import get_task  # noqa: E402
-from kdlab.tokenizer import build_tokenizer  # noqa: E402
+from kdlab.engine.batching import pad_left, pad_right, response_logits
+from kdlab.engine.data import ProblemPool, prompt_ids
+from kdlab.engine.run_config import RunConfig
+from kdlab.engine.distill import distill
+from kdlab.engine.offpd import offpd_rollouts
+from kdlab.core.kl import kl_loss
+from kdlab.models.toy import build_model
+from kdlab.tasks import get_task
+from kdlab.models.tokenizer import build_tokenizer
 
 TEACHER_SIZE: dict[str, int] = dict(hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
                                     num_key_value_heads=4, intermediate_size=640)
@@ -245,7 +247,7 @@ def _pool_of(task: Any, problems: list) -> ProblemPool:
 def run_kdlab(policy: str, kl: str, data: dict, warmup: int, window: int, repeats: int,
               teacher_size: Any = TEACHER_SIZE, student_size: Any = STUDENT_SIZE, batch: int = BATCH
               ) -> dict[str, Any]:
-    """Time ``kdlab.distill.distill`` on one toy cell (see :func:`time_kdlab`)."""
+    """Time ``kdlab.engine.distill.distill`` on one toy cell (see :func:`time_kdlab`)."""
     torch.manual_seed(0)
     teacher, student = build_models(teacher_size, student_size)
     return time_kdlab(student, teacher, bench_task(data["new_tokens"]), policy, kl, data, warmup, window, repeats,
@@ -255,7 +257,7 @@ def run_kdlab(policy: str, kl: str, data: dict, warmup: int, window: int, repeat
 def time_kdlab(student: torch.nn.Module, teacher: torch.nn.Module, task: Any, policy: str, kl: str, data: dict,
                warmup: int, window: int, repeats: int, batch: int, lr: float = LR, codec: Any = None,
                clock: Any = None, compute_dtype: str = "auto") -> dict[str, Any]:
-    """Time ``kdlab.distill.distill`` on one cell: a warm-up run, then the measured run, as the
+    """Time ``kdlab.engine.distill.distill`` on one cell: a warm-up run, then the measured run, as the
     study calls it (``codec``: a real model's ``HFCodec``, default kdlab's char tokenizer).
 
     Returns throughput (tokens and steps per second, wall and CPU), peak memory of the measured
@@ -263,7 +265,7 @@ def time_kdlab(student: torch.nn.Module, teacher: torch.nn.Module, task: Any, po
     ``clock``: a context manager entered around the measured run only (phase timers).
     ``compute_dtype``: the run's arithmetic (``distill.compute_dtype``; auto = what a study does).
     """
-    from kdlab.codec import CHAR
+    from kdlab.models.codec import CHAR
 
     codec = codec or CHAR
     pool = _pool_of(task, data["problems"])
@@ -460,11 +462,11 @@ def _kl_inputs(tokens: int, vocab: int, seed: int = 0) -> tuple[torch.Tensor, to
 def kl_memory_worker(kind: str, tokens: int, vocab: int, chunk_size: int, out_path: str) -> dict[str, Any]:
     """Forward + backward of one KL implementation on bf16 logits; peak RSS above the inputs.
 
-    ``kind``: "naive" (``kdlab.kl.token_kl``: two full float32 log-softmaxes) or "chunked"
-    (``kdlab.kl.token_kl_chunked`` with ``chunk_size``). Per-token values and the first
+    ``kind``: "naive" (``kdlab.core.kl.token_kl``: two full float32 log-softmaxes) or "chunked"
+    (``kdlab.core.kl.token_kl_chunked`` with ``chunk_size``). Per-token values and the first
     ``KL_GRAD_ROWS`` rows of the student gradient are saved to ``out_path`` for comparison.
     """
-    from kdlab.kl import token_kl, token_kl_chunked
+    from kdlab.core.kl import token_kl, token_kl_chunked
 
     student, teacher, mask = _kl_inputs(tokens, vocab)
     mem = PeakRSS()

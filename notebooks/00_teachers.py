@@ -20,7 +20,7 @@
 # task (greedy pass@1, test split) and the mean score over the seven probe skills. The table is
 # written to `outputs/<study>/models.json`; the report reads the teachers' accuracy and the
 # training times from it. A profile with `style.enabled` also gets its style teacher
-# (`kdlab.style_teacher`), shown with how well it follows the style instruction.
+# (`kdlab.study.style_teacher`), shown with how well it follows the style instruction.
 
 # %% tags=["parameters"]
 params = "../params/tiny.yaml"  # profile YAML
@@ -37,11 +37,11 @@ import seaborn as sns
 import torch
 from IPython.display import Markdown, display
 
-from kdlab.config import load_profile
-from kdlab.atomic import write_json_atomic
-from kdlab.teachers import model_table
-from kdlab.study import study_model_paths
-from kdlab.style_teacher import style_teacher_row
+from kdlab.study.config import load_profile
+from kdlab.core.atomic import write_json_atomic
+from kdlab.study.teachers import model_table
+from kdlab.study.building import study_model_paths
+from kdlab.study.style_teacher import style_teacher_row
 
 if threads:
     torch.set_num_threads(threads)

@@ -16,14 +16,14 @@
 # # One distillation run
 #
 # The lab record of one grid cell: rollout policy x KL direction x learning rate x seed.
-# `kdlab.runs.execute_run` does the work (distil, evaluate, write `metrics.json` and
+# `kdlab.study.runs.execute_run` does the work (distil, evaluate, write `metrics.json` and
 # `history.json` atomically into the run directory); this notebook shows what it recorded.
 # The models must already be built (`00_teachers`, or `kdlab teachers`).
 
 # %% tags=["parameters"]
 params = "../params/tiny.yaml"  # profile YAML (the study runner passes the study's resolved params.yaml)
 outputs = "../outputs"  # outputs root (models under outputs/models)
-run = {}  # the whole run configuration (kdlab.distill.RunConfig as a mapping, as the study runner passes
+run = {}  # the whole run configuration (kdlab.engine.distill.RunConfig as a mapping, as the study runner passes
 # it); {} = the profile's first grid cell; a partial mapping overrides that cell's fields
 out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id> (style runs: outputs/<study>/style/<run_id>)
 threads = 0  # torch threads (0: leave torch's default)
@@ -44,9 +44,9 @@ from IPython.display import display
 
 from dataclasses import asdict
 
-from kdlab.config import load_profile
-from kdlab.distill import RunConfig
-from kdlab.runs import execute_run, run_config_from
+from kdlab.study.config import load_profile
+from kdlab.engine.run_config import RunConfig
+from kdlab.study.runs import execute_run, run_config_from
 
 if threads:
     torch.set_num_threads(threads)

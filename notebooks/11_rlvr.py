@@ -10,11 +10,11 @@
 # # One RLVR (GRPO) run from a distilled student
 #
 # The follow-up of STUDY.md finding 11: GRPO with the countdown verifier as reward
-# (`kdlab.rlvr`: groups of sampled responses per prompt, group-normalised advantages, clipped
+# (`kdlab.engine.rlvr`: groups of sampled responses per prompt, group-normalised advantages, clipped
 # ratio, optional k3 penalty to the start, collapse detector), started from the distilled
 # student of one grid run (`rlvr.starts`: `policy/kl/lr-index`) or from the student base
 # (`base`), with the profile's `rlvr:` settings; a toy model or a real checkpoint (countdown in
-# natural language), each through its own tokenizer (`kdlab.codec`). `kdlab.runs.execute_rlvr`
+# natural language), each through its own tokenizer (`kdlab.models.codec`). `kdlab.study.runs.execute_rlvr`
 # writes `metrics.json` (last) and `history.json` into the run directory; this notebook shows the
 # training curves.
 
@@ -37,9 +37,9 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from kdlab.config import load_profile
-from kdlab.followups import rlvr_start, start_checkpoint
-from kdlab.runs import execute_rlvr
+from kdlab.study.config import load_profile
+from kdlab.study.followups import rlvr_start, start_checkpoint
+from kdlab.study.runs import execute_rlvr
 
 if threads:
     torch.set_num_threads(threads)

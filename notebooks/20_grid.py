@@ -19,7 +19,7 @@ study_dir = "../outputs/tiny"  # outputs/<study>
 import pandas as pd
 from IPython.display import display
 
-from kdlab.results import accuracy_table, failed_runs, write_results
+from kdlab.study.results import accuracy_table, failed_runs, write_results
 
 path = write_results(study_dir)
 results = pd.read_parquet(path)

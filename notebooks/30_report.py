@@ -25,8 +25,8 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 from IPython.display import Markdown, display
 
-from kdlab import report_page as P
-from kdlab import results as R
+from kdlab.study import report_page as P
+from kdlab.study import results as R
 
 sns.set_theme(style="whitegrid", context="notebook")
 df = R.load_results(study_dir)
@@ -97,7 +97,7 @@ plt.show()
 # %% [markdown]
 # ## How to read this report
 # Every number below comes from the study's results table (`results.parquet`, one row per run,
-# collected from the runs' `metrics.json`) through `kdlab.results`. Accuracies, pass@k,
+# collected from the runs' `metrics.json`) through `kdlab.study.results`. Accuracies, pass@k,
 # forgetting and sparsity are in percentage points; spreads are over seeds (mean ± sample std,
 # n runs). Gains are held-out accuracy after distillation minus the student base's. Long
 # diagnostic tables are folded (click to open) and kept as CSV in each section's files

@@ -26,7 +26,7 @@
 # The difference only shows when the student cannot represent the teacher (strong-to-weak
 # distillation). Below the teacher is a mixture of bumps over a small vocabulary (or a continuous
 # variable), and the *weak* student is a single bump (a softmax over logits $-(x-\mu)^2/2s^2$),
-# fitted by Adam on `kdlab.kl.token_kl`.
+# fitted by Adam on `kdlab.core.kl.token_kl`.
 #
 # Gradients with respect to the student logits $z_S$ (STUDY.md finding 6):
 # forward $\partial/\partial z_S(v) = p_S(v) - p_T(v) \in [-1, 1]$;
@@ -49,13 +49,13 @@ import json
 
 import numpy as np
 import pandas as pd
-from kdlab.report_page import title
+from kdlab.study.report_page import title
 import torch
 from IPython.display import Image, display
 
 from kdlab.analysis import toy
 from kdlab.analysis.table import notebook_out_dir
-from kdlab.kl import token_kl
+from kdlab.core.kl import token_kl
 
 OUT = notebook_out_dir(study_dir, "40_teaching_kl", out_dir)
 centers, widths, weights = (list(v) for v in zip(*modes))
@@ -132,7 +132,7 @@ show(toy.teaching_figure(fscene), "bimodal_free_student")
 # %% [markdown]
 # ## 5. The gradient formulas, checked against autograd
 # For random student/teacher pairs: the closed forms above against `torch.autograd` through
-# `kdlab.kl.token_kl` (float64), and the forward entries' range.
+# `kdlab.core.kl.token_kl` (float64), and the forward entries' range.
 
 # %%
 gen = torch.Generator().manual_seed(0)

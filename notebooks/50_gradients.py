@@ -24,7 +24,7 @@
 # 2. the distance between the *expected* updates under two rollout policies $a$ and $b$ against
 #    the total-variation distance between their response distributions.
 #
-# **Estimators** (see `kdlab.analysis.gradients`). For each $\lambda_a$ one sample set of
+# **Estimators** (see `kdlab.engine.gradients`). For each $\lambda_a$ one sample set of
 # `n_prompts * samples_per_prompt` responses is drawn from $\pi_{\lambda_a}$ and reused for every
 # $\lambda_b$. Importance ratios $w_i = P_b(x_i)/P_a(x_i)$ come from the sequence log-probabilities
 # under both mixture policies (same temperature, log-ratio clip and plausibility mask as the
@@ -60,16 +60,17 @@ threads = 0  # torch threads; 0 keeps torch's default (use 1 on a busy shared ma
 import json
 
 import pandas as pd
-from kdlab.report_page import title
+from kdlab.study.report_page import title
 import torch
 from IPython.display import Image, display
 
-from kdlab.analysis import gradients as ga
+from kdlab.analysis import gradients as gfig
+from kdlab.engine import gradients as ga
 from kdlab.analysis.explore import figure_png
 from kdlab.analysis.table import notebook_out_dir, resolve_path
-from kdlab import materials
-from kdlab.codec import CHAR
-from kdlab.config import Profile, from_dict, read_yaml
+from kdlab.study import materials
+from kdlab.models.codec import CHAR
+from kdlab.study.config import Profile, from_dict, read_yaml
 
 OUT = notebook_out_dir(study_dir, "50_gradients", out_dir)
 if threads:
@@ -81,7 +82,7 @@ params_yaml = resolve_path(study_dir) / "params.yaml"
 profile = from_dict(Profile, read_yaml(params_yaml.read_text())) if params_yaml.exists() else Profile()
 if materials.is_real(profile) and task not in profile.grid.tasks:
     task = profile.grid.tasks[0]
-found_s, found_t = ga.find_models(study_dir, task)
+found_s, found_t = gfig.find_models(study_dir, task)
 s_path = resolve_path(student_dir) if student_dir else found_s
 t_path = resolve_path(teacher_dir) if teacher_dir else found_t
 codec = CHAR
@@ -123,7 +124,7 @@ for k, lam in enumerate(lambdas):
     entries.append(ga.gradient_entries(samples))
 entries_summary = pd.DataFrame([row for e in entries for row in e.summary()])
 entries_summary.to_csv(OUT / "entries_summary.csv", index=False)
-show(ga.plot_gradient_entries(entries), "gradient_entries")
+show(gfig.plot_gradient_entries(entries), "gradient_entries")
 fwd_max = float(entries_summary.loc[entries_summary.direction == "forward", "max_abs_entry"].max())
 rev_max = float(entries_summary.loc[entries_summary.direction == "reverse", "max_abs_entry"].max())
 print(f"max |forward entry| = {fwd_max:.4f} (bound 1: {'holds' if fwd_max <= 1 else 'VIOLATED'}); "
@@ -139,7 +140,7 @@ entries_summary.round(4)
 bound = ga.update_distance_vs_tv(student, teacher, prompts, lambdas, samples_per_prompt=samples_per_prompt,
                                  max_new_tokens=max_new_tokens, param_space=param_space, seed=seed, codec=codec, **mix)
 bound.to_csv(OUT / "bound.csv", index=False)
-show(ga.plot_update_bound(bound), "update_bound")
+show(gfig.plot_update_bound(bound), "update_bound")
 cols = ["lam_a", "lam_b", "direction", "tv", "tv_bounded", "mean_w", "ess", "dist_logit", "bound_logit",
         "below_bound", "dist_param", "param_const"]
 display(title('Expected-update distance against TV per ordered pair of lambdas (TV as a probability; distances in logit-gradient units)'))

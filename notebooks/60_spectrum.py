@@ -31,7 +31,7 @@ level = 0.95  # confidence level of the bands
 # %%
 from IPython.display import Image, display
 import pandas as pd
-from kdlab.report_page import title
+from kdlab.study.report_page import title
 
 from kdlab.analysis import spectrum as sp
 from kdlab.analysis.table import load_results, notebook_out_dir, variant_columns

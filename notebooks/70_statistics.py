@@ -40,7 +40,7 @@ gradients_csv = ""  # notebook 50's bound.csv; default: <study_dir>/analysis/50_
 import json
 
 import pandas as pd
-from kdlab.report_page import title
+from kdlab.study.report_page import title
 from IPython.display import Image, display
 
 from kdlab.analysis import findings, stats

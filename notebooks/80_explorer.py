@@ -33,7 +33,7 @@ from IPython.display import Image, display
 from kdlab.analysis.explore import explorer_data, explorer_plot
 from kdlab.analysis.table import load_results, notebook_out_dir
 from kdlab.analysis.explore import figure_png
-from kdlab.report_page import title
+from kdlab.study.report_page import title
 
 OUT = notebook_out_dir(study_dir, "80_explorer", out_dir)
 df = load_results(study_dir)

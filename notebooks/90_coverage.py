@@ -36,7 +36,7 @@ from IPython.display import Image, Markdown, display
 from kdlab.analysis import coverage as cov
 from kdlab.analysis.explore import figure_png
 from kdlab.analysis.table import load_results, notebook_out_dir
-from kdlab.report_page import title
+from kdlab.study.report_page import title
 
 OUT = notebook_out_dir(study_dir, "90_coverage", out_dir)
 df = load_results(study_dir)

@@ -15,7 +15,7 @@
 # base, or the distilled student of a grid run on the first task and first seed) is trained with
 # GRPO on `rlvr.task` with the verifier as reward (`notebooks/11_rlvr`, one run per start and
 # seed). Accuracies and rewards in points; a collapse is a sustained drop of the reward's moving
-# average (`kdlab.rlvr.detect_collapse`).
+# average (`kdlab.engine.rlvr.detect_collapse`).
 
 # %% tags=["parameters"]
 study_dir = "../outputs/quick"  # the study folder (holding rlvr/)

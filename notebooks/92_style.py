@@ -10,14 +10,14 @@
 # # Incidental style transfer
 #
 # Finding 12 of STUDY.md: OnPD + reverse KL keeps the student's own style; every other
-# configuration adopts the teacher's almost completely. The style teacher (`kdlab.style_teacher`)
+# configuration adopts the teacher's almost completely. The style teacher (`kdlab.study.style_teacher`)
 # writes its countdown steps in another notation (operators as letters) when its prompt carries
 # an instruction (a toy model trained so; for real checkpoints, the student's base fine-tuned so
 # on countdown in natural language, the instruction a sentence of the prompt); during these
 # distillation runs the teacher sees the instructed prompt and the student its usual one.
 # **Adoption** = the share of the distilled student's outputs (greedy, on its own uninstructed
 # prompts, `style.n_test` test problems) written in the teacher's notation,
-# among outputs with a detectable style (`kdlab.style.detect_style`); points, mean over seeds.
+# among outputs with a detectable style (`kdlab.evaluation.style.detect_style`); points, mean over seeds.
 
 # %% tags=["parameters"]
 study_dir = "../outputs/quick"  # the study folder (holding style/)
@@ -30,7 +30,7 @@ from IPython.display import Markdown, display
 
 from kdlab.analysis.followups import load_style, style_table
 from kdlab.analysis.table import notebook_out_dir
-from kdlab.results import load_models
+from kdlab.study.results import load_models
 
 OUT = notebook_out_dir(study_dir, "92_style", out_dir)
 runs = load_style(study_dir)

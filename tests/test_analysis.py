@@ -14,10 +14,11 @@ import pytest
 import torch
 from scipy import stats as sstats
 
-from kdlab.analysis import explore, findings, gradients as ga, spectrum, stats, toy
+from kdlab.analysis import explore, findings, spectrum, stats, toy
+from kdlab.engine import gradients as ga
 from kdlab.analysis.synthetic import SyntheticEffects, synthetic_results
 from kdlab.analysis.table import main_grid, prepare_results, resolve_path, variant_columns
-from kdlab.kl import token_kl
+from kdlab.core.kl import token_kl
 from test_findings_parts import GRADIENTS_OK, _followups, _paper
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -123,7 +124,7 @@ def demo_pair():
 
 @pytest.fixture(scope="module")
 def prompts():
-    from kdlab.data import prompt_ids
+    from kdlab.engine.data import prompt_ids
 
     return [prompt_ids("12+3:"), prompt_ids("abc:")]
 
@@ -206,7 +207,7 @@ def test_update_distance_bound_forward_holds_reverse_escapes(demo_pair, prompts)
 
 def test_param_distance_equals_one_batched_backward(demo_pair, prompts):
     """Independent check of the per-response accumulation: one weighted batched loss, one backward."""
-    from kdlab.batching import response_logits
+    from kdlab.engine.batching import response_logits
 
     student, teacher = demo_pair
     samples = ga.sample_policy(student, teacher, prompts, 0.0, 3, 5, seed=3)

@@ -21,10 +21,11 @@ import pandas as pd
 import pytest
 
 from kdlab.analysis.coverage import equal_pass1_gap, pass_curves, pass_ks, pass_targets
-from kdlab.config import ConfigError, companion_profile, load_profile
-from kdlab.followups import rlvr_starts, students_to_save, style_cells
-from kdlab.models import file_sha256, load_checkpoint
-from kdlab.study import expand_grid, notebook_finished, run_study
+from kdlab.study.config import ConfigError, companion_profile, load_profile
+from kdlab.study.followups import rlvr_starts, students_to_save, style_cells
+from kdlab.models.toy import file_sha256, load_checkpoint
+from kdlab.study.plan import expand_grid, notebook_finished
+from kdlab.study.runner import run_study
 from test_study import REPO_ROOT, outputs_with_models, tiny_models  # noqa: F401 (session fixture)
 
 PARAMS = REPO_ROOT / "params"
@@ -172,12 +173,12 @@ def test_pass_curves_are_seed_means_per_lambda():
 def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants(tmp_path):
     """On the shipped quick student (weak but not at zero): every k of eval.pass_ks on countdown-3
     and countdown-4e, equal to pass_at_ks on the same problems, samples and seed."""
-    from kdlab.evaluate import pass_at_ks
-    from kdlab.runs import evaluate_model
+    from kdlab.evaluation.evaluate import pass_at_ks
+    from kdlab.study.runs import evaluate_model
     from kdlab.tasks import get_task
     from kdlab.tasks.base import held_out
 
-    from kdlab.teachers import model_paths
+    from kdlab.study.teachers import model_paths
 
     # the quick profile's student base, installed from checkpoints/ (no training)
     student_dir = model_paths(load_profile(REPO_ROOT / "params" / "quick.yaml"), tmp_path / "models",
@@ -427,8 +428,8 @@ def test_findings_table_feeds_the_follow_ups_to_the_scoreboard(tmp_path):
 
 
 def test_style_teacher_steps_override_only_the_step_count():
-    from kdlab.style_teacher import style_teacher_schedule
-    from kdlab.teachers import teacher_schedule
+    from kdlab.study.style_teacher import style_teacher_schedule
+    from kdlab.study.teachers import teacher_schedule
 
     p = load_profile(TINY_BEYOND)
     assert style_teacher_schedule(p) == teacher_schedule(p, p.style.task)

@@ -27,8 +27,8 @@ def test_bad_parameters_exit_2(tmp_path, repo_root, capsys):
 
 
 def test_teachers_capacity_check_trains_the_student_preset_with_the_teacher_recipe(tmp_path, repo_root, capsys):
-    from kdlab.config import load_profile
-    from kdlab.models import load_checkpoint, n_params
+    from kdlab.study.config import load_profile
+    from kdlab.models.toy import load_checkpoint, n_params
 
     out = tmp_path / "o"
     params = str(repo_root / "params" / "tiny.yaml")
@@ -49,7 +49,7 @@ def test_teachers_capacity_check_trains_the_student_preset_with_the_teacher_reci
 
 
 def test_diagnose_sorts_every_answer_into_one_error_mode(tmp_path, repo_root, capsys):
-    from kdlab.models import build_model, save_checkpoint
+    from kdlab.models.toy import build_model, save_checkpoint
     from kdlab.tasks.countdown import ERROR_MODES
 
     ckpt = tmp_path / "nano"

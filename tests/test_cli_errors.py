@@ -98,8 +98,8 @@ def test_a_gpu_that_is_not_there_is_refused_before_any_work(capsys, tmp_path, mo
 def test_a_gpu_that_is_there_is_accepted(monkeypatch, tmp_path):
     import torch
 
-    from kdlab.config import load_profile
-    from kdlab.preflight import check_machine
+    from kdlab.study.config import load_profile
+    from kdlab.study.preflight import check_machine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
@@ -124,9 +124,9 @@ def test_optional_packages_a_profile_needs_are_checked_up_front(capsys, tmp_path
 def test_gguf_is_not_needed_once_the_model_is_imported(tmp_path, monkeypatch):
     import sys
 
-    from kdlab.config import load_profile
-    from kdlab.preflight import check_machine
-    from kdlab.smol import checkpoint_dir
+    from kdlab.study.config import load_profile
+    from kdlab.study.preflight import check_machine
+    from kdlab.models.smol import checkpoint_dir
 
     monkeypatch.setitem(sys.modules, "gguf", None)
     imported = checkpoint_dir(tmp_path / "models")
@@ -190,7 +190,7 @@ def test_a_checkpoint_without_tokenizer_files_is_one_line(capsys, tmp_path):
 
 def test_what_a_study_drops_or_collapses_is_said_in_one_line(capsys, tmp_path, monkeypatch):
     import kdlab.study.runner as runner
-    from kdlab.study import run_study
+    from kdlab.study.runner import run_study
 
     monkeypatch.setattr(runner, "_run_profile", lambda *a, **k: 0)  # stop where the work would start
     assert run_study(TINY, tmp_path / "out", overrides={"grid.lrs": [2e-4, 0.0002]}, progress=False) == 0
@@ -203,12 +203,12 @@ def test_a_run_out_of_gpu_memory_on_the_command_line_is_one_line_with_the_settin
                                                                                            monkeypatch):
     import torch
 
-    import kdlab.runs
+    import kdlab.study.runs
 
     def out_of_memory(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore text")
 
-    monkeypatch.setattr(kdlab.runs, "execute_run", out_of_memory)
+    monkeypatch.setattr(kdlab.study.runs, "execute_run", out_of_memory)
     outputs = tmp_path / "out"
     assert main(["--outputs", str(outputs), "distill", TINY, "--set", "pretrained.micro_batch_size=4"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()

@@ -5,7 +5,7 @@ import pytest
 
 from pathlib import Path
 
-from kdlab.config import ConfigError, Profile, from_dict, load_profile, read_yaml
+from kdlab.study.config import ConfigError, Profile, from_dict, load_profile, read_yaml
 
 REPO_TINY = Path(__file__).resolve().parents[1] / "params" / "tiny.yaml"
 
@@ -135,7 +135,7 @@ def _bounded_fields(cls, path=""):
 
 
 def test_every_bounded_size_is_refused_above_its_bound_with_the_reason():
-    from kdlab.config import BOUNDS, BenchmarkSpec, PretrainedTaskSpec, _check_range, dataclasses
+    from kdlab.study.config import BOUNDS, BenchmarkSpec, PretrainedTaskSpec, _check_range, dataclasses
 
     fields = list(_bounded_fields(Profile))
     assert {"distill.steps", "distill.batch_size", "distill.offpd_pool", "eval.pass_n", "pretrained.max_prompt_tokens",
@@ -153,14 +153,14 @@ def test_every_bounded_size_is_refused_above_its_bound_with_the_reason():
 
 
 def test_shipped_profiles_are_within_the_bounds_and_say_nothing_dropped(repo_root):
-    from kdlab.config import dropped_values
+    from kdlab.study.config import dropped_values
 
     for name in ("quick", "paper", "beyond", "smol", "paper-llama", "paper-qwen", "tiny-beyond"):
         assert dropped_values(load_profile(repo_root / "params" / f"{name}.yaml")) == [], name
 
 
 def test_what_the_study_drops_or_collapses_is_said():
-    from kdlab.config import dropped_values
+    from kdlab.study.config import dropped_values
 
     p = load_profile(REPO_TINY, {"grid.lrs": [2e-4, 0.0002, 1e-3, 1e-3], "grid.lambdas": [0.0, -0.0, 0.5],
                                  "eval.pass_n": 4, "eval.pass_ks": [1, 1, 8, 16]})

@@ -14,20 +14,8 @@ import pytest
 
 from kdlab.tasks import countdown
 from kdlab.tasks.base import SPLITS, split_of
-from kdlab.tasks.countdown import (
-    DFS_VARIANTS,
-    TRACE_STYLES,
-    VARIANTS,
-    CountdownTask,
-    dfs_steps,
-    dfs_text,
-    expression_from_steps,
-    generate,
-    max_completion_chars,
-    solutions,
-    solve,
-    verify,
-)
+from kdlab.tasks.countdown import (DFS_VARIANTS, TRACE_STYLES, VARIANTS, CountdownTask, dfs_steps, dfs_text,
+                                   expression_from_steps, generate, max_completion_chars, solutions, solve, verify)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EVAL_FILE = REPO_ROOT.parent / "shared" / "data" / "countdown_3to4_eval.json"

@@ -14,16 +14,18 @@ import pytest
 import torch
 
 from cuda_stand_in import OnCuda, cuda_stand_in, to_stand_in
-from kdlab import rollout
-from kdlab.batching import pad_left, pad_right, positions, response_logits
-from kdlab.data import ProblemPool
-from kdlab.distill import RunConfig, distill, offpd_rollouts
-from kdlab.evaluate import accuracy, pass_at_ks
-from kdlab.kl import LOSS_KINDS
-from kdlab.metrics import update_sparsity
-from kdlab.models import build_model
+from kdlab.engine import rollout
+from kdlab.engine.batching import pad_left, pad_right, positions, response_logits
+from kdlab.engine.data import ProblemPool
+from kdlab.engine.run_config import RunConfig
+from kdlab.engine.distill import distill
+from kdlab.engine.offpd import offpd_rollouts
+from kdlab.evaluation.evaluate import accuracy, pass_at_ks
+from kdlab.core.schema import LOSS_KINDS
+from kdlab.core.metrics import update_sparsity
+from kdlab.models.toy import build_model
 from kdlab.tasks import get_task
-from kdlab.data import prompt_ids
+from kdlab.engine.data import prompt_ids
 
 
 def _models():
@@ -187,7 +189,7 @@ def test_positions_and_padding_helpers_stay_on_the_device_they_are_given():
 
 def test_sft_on_the_gpu_matches_the_cpu():
     """Teacher and student-base fine-tuning (micro-batches, autocast on the model's device)."""
-    from kdlab.train import SFTSchedule, sft
+    from kdlab.engine.sft import SFTSchedule, sft
 
     task = get_task("countdown-3")
     sched = SFTSchedule(steps=2, batch_size=4, lr=1e-3, warmup=1, pool_size=32, micro_batch_size=2,
@@ -204,7 +206,7 @@ def test_sft_on_the_gpu_matches_the_cpu():
 def test_the_gradient_experiment_on_the_gpu():
     """The gradient notebook's measurement (pi_lambda samples, both models' logits, importance
     weights, functional and parameter-space update distances) with the models on the GPU."""
-    from kdlab.analysis.gradients import demo_models, update_distance_vs_tv
+    from kdlab.engine.gradients import demo_models, update_distance_vs_tv
 
     prompts = [prompt_ids(x) for x in ("a1+2:", "c12 34 56>78:")]
     kw = dict(samples_per_prompt=2, max_new_tokens=6, seed=0)
@@ -220,7 +222,7 @@ def test_the_gradient_experiment_on_the_gpu():
 def test_the_shared_offpd_teacher_logits_on_the_gpu():
     """The pool's teacher logits computed once on the GPU and read by a run (also from a store
     saved on the CPU, as the study's cache holds it)."""
-    from kdlab.distill import offpd_teacher_logits
+    from kdlab.engine.offpd import offpd_teacher_logits
 
     task = get_task("countdown-3")
     pool = ProblemPool(task, "train", 64, seed=0)

@@ -4,10 +4,12 @@ import math
 import pytest
 import torch
 
-from kdlab.data import ProblemPool
-from kdlab.distill import RunConfig, distill, offpd_rollouts
-from kdlab.metrics import update_sparsity
-from kdlab.models import build_model
+from kdlab.engine.data import ProblemPool
+from kdlab.engine.run_config import RunConfig
+from kdlab.engine.distill import distill
+from kdlab.engine.offpd import offpd_rollouts
+from kdlab.core.metrics import update_sparsity
+from kdlab.models.toy import build_model
 from kdlab.tasks import get_task
 
 
@@ -94,7 +96,7 @@ def test_bad_config_values_are_named():
 def test_training_details_default_to_kdlab_behaviour():
     """Unset, the new parameters change nothing: sampling at ``temperature``, loss at 1, default
     AdamW, constant lr without warm-up."""
-    from kdlab.distill import lr_at, make_adamw
+    from kdlab.engine.optim import lr_at, make_adamw
 
     cfg = RunConfig(temperature=0.8)
     assert cfg.sample_temperatures() == (0.8, 0.8) and cfg.loss_temperatures() == (1.0, 1.0)
@@ -120,8 +122,8 @@ def test_explicit_unit_temperatures_reproduce_the_default_run(setup):
 
 
 def test_teacher_temperature_enters_the_loss_and_the_sampling(setup):
-    from kdlab.codec import CHAR
-    from kdlab.rollout import sample
+    from kdlab.models.codec import CHAR
+    from kdlab.engine.rollout import sample
 
     task, pool, teacher, offpd = setup
     _, _, res = run(setup, policy="off", kl="forward", lr=1e-3, teacher_temperature=0.5, student_temperature=1.0)
@@ -147,7 +149,7 @@ def test_paper_sampled_kl_warmup_and_fused_adamw_run(setup, direction):
 
 
 def test_runs_record_the_training_details():
-    from kdlab.runs import training_details
+    from kdlab.study.runs import training_details
 
     d = training_details(RunConfig(kl="sf", teacher_temperature=0.5, warmup=10, batch_size=32), "adamw-fused")
     assert d == {"teacher_sample_temperature": 0.5, "student_sample_temperature": 1.0, "teacher_loss_temperature": 0.5,
@@ -163,10 +165,10 @@ def test_fp32_arithmetic_on_bf16_parameters_is_one_rounded_adamw_step(setup):
     themselves (no master copy). The parameters and the optimizer state stay bf16."""
     import copy
 
-    from kdlab.batching import pad_left, pad_right, response_logits
-    from kdlab.codec import CHAR
-    from kdlab.distill import _fast_cpu_attention, compute_dtype_of
-    from kdlab.kl import kl_loss
+    from kdlab.engine.batching import pad_left, pad_right, response_logits
+    from kdlab.models.codec import CHAR
+    from kdlab.engine.precision import _fast_cpu_attention, compute_dtype_of
+    from kdlab.core.kl import kl_loss
 
     task, _, teacher, (problems, responses) = setup
     one = ([problems[0]], [responses[0]])  # a one-item OffPD pool: the batch is known
@@ -210,7 +212,7 @@ def test_bf16_and_fp32_arithmetic_agree_to_bf16_precision(setup):
 
 def test_all_finite_finds_one_bad_value_among_many_tensors():
     """The fused max-abs check agrees with a per-tensor isfinite, for NaN, +inf and -inf."""
-    from kdlab.distill import all_finite
+    from kdlab.engine.optim import all_finite
 
     params = [torch.nn.Parameter(torch.randn(5, 7, dtype=torch.bfloat16) * 1e30) for _ in range(4)]
     assert all_finite(params, 1) and all_finite(params, 2)
@@ -226,7 +228,7 @@ def test_keep_freed_heap_takes_effect_with_glibc():
     """On Linux (glibc) the allocator accepts the setting; elsewhere it is a no-op that says so."""
     import platform
 
-    from kdlab.distill import keep_freed_heap
+    from kdlab.engine.precision import keep_freed_heap
 
     took = keep_freed_heap()
     assert isinstance(took, bool)
@@ -239,9 +241,9 @@ def test_shared_offpd_teacher_logits_are_the_teachers_and_leave_the_run_unchange
     teacher's logits of each response (zero past its end), and an OffPD run that reads them
     trains as one that runs the teacher on the rows it draws (up to float rounding of the
     batch shapes), with every row served from the store."""
-    from kdlab.batching import pad_left, pad_right, response_logits
-    from kdlab.data import prompt_ids
-    from kdlab.distill import offpd_teacher_logits
+    from kdlab.engine.batching import pad_left, pad_right, response_logits
+    from kdlab.engine.data import prompt_ids
+    from kdlab.engine.offpd import offpd_teacher_logits
 
     task, pool, teacher, offpd = setup
     store = offpd_teacher_logits(teacher, offpd)

@@ -6,7 +6,7 @@ memory released; a CUDA error that poisons the process: that kernel replaced, th
 one copy of a model two studies build at once, and SIGKILL at random moments (the chaos test).
 
 Faults inside the kernels are planted with a ``sitecustomize`` module on the kernels'
-``PYTHONPATH`` (the runner passes its environment on to them): it wraps ``kdlab.runs`` so that
+``PYTHONPATH`` (the runner passes its environment on to them): it wraps ``kdlab.study.runs`` so that
 one grid cell's kernel dies and another's sparsity comes out NaN.
 """
 from __future__ import annotations
@@ -23,9 +23,10 @@ import pandas as pd
 import pytest
 
 from kdlab.cli import main
-from kdlab.config import load_profile
-from kdlab.results import LOCATION_COLUMNS, WALL_TIME_COLUMNS
-from kdlab.study import expand_grid, run_study
+from kdlab.study.config import load_profile
+from kdlab.study.results import LOCATION_COLUMNS, WALL_TIME_COLUMNS
+from kdlab.study.plan import expand_grid
+from kdlab.study.runner import run_study
 from kdlab.study.plan import _pending, invalid_records, run_is_complete, run_job
 from test_study import (FAST, REPO_ROOT, TINY, kill_when, outputs_with_models, set_args,  # noqa: F401
                         tiny_models)
@@ -54,7 +55,7 @@ def test_an_outputs_root_that_cannot_be_written_is_one_line(tmp_path, capsys, cm
 # ------------------------------------------------------------------------- truncated files
 
 
-# A whole run record (kdlab.records.RUN_METRICS / RUN_HISTORY).
+# A whole run record (kdlab.study.records.RUN_METRICS / RUN_HISTORY).
 RECORD = {"run_id": "r", "task": "countdown-3", "policy": "off", "lam": -1.0, "kl": "forward", "lr": 1e-4, "seed": 0,
           "dtype": "bf16", "grad_clip": 1.0, "accuracy": 0.5, "base_accuracy": 0.25, "forgetting": -0.01,
           "sparsity": 0.9, "collapsed": False, "wall_s": 3.0}
@@ -85,7 +86,7 @@ def test_a_truncated_history_or_metrics_file_makes_the_run_redo(tmp_path):
     (RECORD, [{"step": 0, "loss": 1.0}, {"loss": 0.5}], "history.json entry 1: 'step' is missing"),
 ])
 def test_a_record_that_parses_but_lacks_what_the_table_reads_makes_the_run_redo(tmp_path, metrics, history, needle):
-    """Issue 35: `{}` (and any record without the fields and types of kdlab.records) is not complete."""
+    """Issue 35: `{}` (and any record without the fields and types of kdlab.study.records) is not complete."""
     job = run_job(tmp_path, expand_grid(load_profile(TINY))[0])
     job.out_dir.mkdir(parents=True)
     (job.out_dir / "metrics.json").write_text(json.dumps(metrics))
@@ -100,7 +101,7 @@ def test_a_record_that_parses_but_lacks_what_the_table_reads_makes_the_run_redo(
 # Planted in every kernel: off/reverse kills its kernel, on/forward measures a NaN sparsity.
 FAULTS = """
 import os
-import kdlab.runs as R
+import kdlab.study.runs as R
 
 _run, _sparsity, _cell = R.execute_run, R.update_sparsity, {}
 
@@ -161,7 +162,7 @@ import weakref
 from pathlib import Path
 
 import torch
-import kdlab.runs as R
+import kdlab.study.runs as R
 
 _run = R.execute_run
 LOG = Path(os.environ["KDLAB_FAULT_LOG"])
@@ -264,7 +265,7 @@ def test_gpu_faults_and_an_invalid_record(tiny_models, tmp_path, monkeypatch, ca
 
 def _flip_a_byte(path) -> tuple[str, str]:
     """Flip one byte in the middle of ``path``; (sha256 before, after)."""
-    from kdlab.models import file_sha256
+    from kdlab.models.toy import file_sha256
 
     before = file_sha256(path)
     with open(path, "r+b") as f:
@@ -278,8 +279,8 @@ def _flip_a_byte(path) -> tuple[str, str]:
 def test_a_corrupt_cached_model_is_refused_before_any_work(tiny_models, tmp_path, capsys):
     import shutil
 
-    from kdlab.faults import CorruptCheckpoint
-    from kdlab.models import load_checkpoint
+    from kdlab.core.faults import CorruptCheckpoint
+    from kdlab.models.toy import load_checkpoint
 
     outputs = tmp_path / "out"
     shutil.copytree(tiny_models, outputs / "models", symlinks=True)
@@ -299,7 +300,7 @@ def test_a_corrupt_cached_model_is_refused_before_any_work(tiny_models, tmp_path
 def test_a_corrupt_shipped_model_is_refused_with_the_command_that_restores_it(tmp_path, capsys, monkeypatch):
     import shutil
 
-    import kdlab.teachers as teachers
+    import kdlab.study.teachers as teachers
 
     shipped = tmp_path / "checkpoints"
     shutil.copytree(teachers.SHIPPED_DIR, shipped)
@@ -324,7 +325,7 @@ def test_a_corrupt_shipped_model_is_refused_with_the_command_that_restores_it(tm
 # Planted in every process: each model training appends its name to $KDLAB_TRAINED.
 COUNT_TRAINING = """
 import os
-import kdlab.teachers as T
+import kdlab.study.teachers as T
 
 _sft = T.sft
 
@@ -348,7 +349,7 @@ def _kdlab(argv: list[str], log: Path, **env: str) -> subprocess.Popen:
 
 
 def test_two_studies_building_the_same_models_at_once_end_with_one_good_copy(tmp_path):
-    from kdlab.models import checkpoint_meta, verify_weights
+    from kdlab.models.toy import checkpoint_meta, verify_weights
 
     plant = tmp_path / "plant"
     plant.mkdir()

@@ -1,4 +1,4 @@
-"""kdlab.fsdp_run: two CPU processes on gloo with FSDP2-sharded student and teacher, launched the
+"""kdlab.study.fsdp_run: two CPU processes on gloo with FSDP2-sharded student and teacher, launched the
 way ``accelerate launch --multi_gpu`` launches (torch.distributed.run), checked against the same
 run in one unsharded process."""
 from __future__ import annotations
@@ -17,8 +17,8 @@ from safetensors.torch import load_file
 from tiny_hf import build_pair, write_synthetic_choice
 
 pytest.importorskip("accelerate", reason="accelerate is not installed (pip install 'accelerate>=1.0'); "
-                                         "kdlab.fsdp_run needs it")
-from kdlab.fsdp_run import FSDPRunConfig, main, run  # noqa: E402
+                                         "kdlab.study.fsdp_run needs it")
+from kdlab.study.fsdp_run import FSDPRunConfig, main, run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,7 +42,7 @@ def _args(cfg: dict) -> list[str]:
 
 def _launch(cfg: dict, nproc: int = 2) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr",
-           "127.0.0.1", "--master_port", str(_free_port()), "-m", "kdlab.fsdp_run", *_args(cfg)]
+           "127.0.0.1", "--master_port", str(_free_port()), "-m", "kdlab.study.fsdp_run", *_args(cfg)]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdlab import rollout
-from kdlab.data import ProblemPool, prompt_ids
-from kdlab.distill import RunConfig, distill, offpd_rollouts
-from kdlab.evaluate import accuracy, pass_at_ks
-from kdlab.models import build_model
+from kdlab.engine import rollout
+from kdlab.engine.data import ProblemPool, prompt_ids
+from kdlab.engine.run_config import RunConfig
+from kdlab.engine.distill import distill
+from kdlab.engine.offpd import offpd_rollouts
+from kdlab.evaluation.evaluate import accuracy, pass_at_ks
+from kdlab.models.toy import build_model
 from kdlab.tasks import get_task
 
 pytestmark = [pytest.mark.gpu,

@@ -14,13 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kdlab.tasks.grading import (
-    extract_choice,
-    extract_math_answer,
-    grade_choice,
-    grade_math,
-    math_equivalent,
-)
+from kdlab.tasks.grading import extract_choice, extract_math_answer, grade_choice, grade_math, math_equivalent
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA = REPO_ROOT.parent / "shared" / "data"

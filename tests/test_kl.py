@@ -1,4 +1,4 @@
-"""Tests for kdlab.kl: full-vocabulary KL, chunked KL, generalised JSD, sampled estimators."""
+"""Tests for kdlab.core.kl: full-vocabulary KL, chunked KL, generalised JSD, sampled estimators."""
 
 from __future__ import annotations
 
@@ -9,14 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kdlab.kl import (
-    generalized_jsd,
-    kl_loss,
-    sampled_kl,
-    token_kl,
-    token_kl_chunked,
-    token_kls,
-)
+from kdlab.core.kl import generalized_jsd, kl_loss, sampled_kl, token_kl, token_kl_chunked, token_kls
 
 
 def _logits(*shape: int, seed: int = 0, scale: float = 2.0, dtype=torch.float32) -> torch.Tensor:
@@ -506,7 +499,7 @@ def test_score_function_kl_is_unbiased_for_the_kl_and_its_gradient(direction, te
     """Monte Carlo on tiny random logits: the mean of the per-token values is the exact KL and the
     mean student gradient of the surrogate is the exact KL's gradient (forward: teacher samples;
     reverse: student samples, the score-function term carries the gradient)."""
-    from kdlab.kl import draw_tokens, score_function_kl
+    from kdlab.core.kl import draw_tokens, score_function_kl
 
     g = torch.Generator().manual_seed(0)
     s = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
@@ -535,7 +528,8 @@ def test_score_function_kl_is_unbiased_for_the_kl_and_its_gradient(direction, te
 
 
 def test_score_function_kl_through_kl_loss_and_invalid_arguments():
-    from kdlab.kl import LOSS_KINDS, SAMPLED_KINDS, draw_tokens, score_function_kl
+    from kdlab.core.schema import LOSS_KINDS, SAMPLED_KINDS
+    from kdlab.core.kl import draw_tokens, score_function_kl
 
     assert "sf" in LOSS_KINDS and "sf" in SAMPLED_KINDS
     g = torch.Generator().manual_seed(0)

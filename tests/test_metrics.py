@@ -1,4 +1,4 @@
-"""Tests for kdlab.metrics: pass@k and update sparsity."""
+"""Tests for kdlab.core.metrics: pass@k and update sparsity."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from kdlab.metrics import pass_at_k, update_sparsity, update_sparsity_by_tensor
+from kdlab.core.metrics import pass_at_k, update_sparsity, update_sparsity_by_tensor
 
 # ---------------------------------------------------------------- pass@k
 

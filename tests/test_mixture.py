@@ -1,4 +1,4 @@
-"""Tests for kdlab.mixture.mixture_logprobs (the lambda spectrum of rollout policies)."""
+"""Tests for kdlab.core.mixture.mixture_logprobs (the lambda spectrum of rollout policies)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kdlab.mixture import mixture_logprobs
+from kdlab.core.mixture import mixture_logprobs
 
 
 def _logits(*shape: int, seed: int, scale: float = 2.0) -> torch.Tensor:

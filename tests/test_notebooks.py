@@ -2,7 +2,7 @@
 
 The notebooks are executed by one clean study of the tiny profile (``full_study``, shared with
 tests/test_study.py); the tests check what each notebook recorded against the run files read
-directly. The summaries in kdlab.results are checked on small synthetic tables against numpy and
+directly. The summaries in kdlab.study.results are checked on small synthetic tables against numpy and
 hand-computed values.
 """
 from __future__ import annotations
@@ -18,10 +18,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kdlab import results as R
-from kdlab.config import load_profile
-from kdlab.models import checkpoint_meta
-from kdlab.study import expand_grid, notebook_finished
+from kdlab.study import results as R
+from kdlab.study.config import load_profile
+from kdlab.models.toy import checkpoint_meta
+from kdlab.study.plan import expand_grid, notebook_finished
 from test_study import FULL, FULL_RUNS, TINY, full_study, tiny_models  # noqa: F401 (session fixtures)
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"

@@ -1,5 +1,5 @@
 """The real-checkpoint path on tiny random Llama / Qwen2 checkpoints with byte-level BPE tokenizers:
-loading, vocabulary checks, prompts (``kdlab.codec.HFCodec``), kdlab's one sampler with real pad /
+loading, vocabulary checks, prompts (``kdlab.models.codec.HFCodec``), kdlab's one sampler with real pad /
 stop ids, its one distillation loop (OffPD and OnPD, micro-batches) and its one evaluation path
 with the real-dataset tasks and graders.
 
@@ -14,18 +14,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdlab import hf, rollout
-from kdlab.batching import pad_left, pad_right, response_logits
-from kdlab.codec import HFCodec
-from kdlab.data import ProblemPool
-from kdlab.distill import RunConfig, distill, offpd_rollouts
-from kdlab.evaluate import accuracy, complete
-from kdlab.kl import kl_loss
-from kdlab.mixture import mixture_logprobs
+from kdlab.models import hf
+from kdlab.engine import rollout
+from kdlab.engine.batching import pad_left, pad_right, response_logits
+from kdlab.models.codec import HFCodec
+from kdlab.engine.data import ProblemPool
+from kdlab.engine.run_config import RunConfig
+from kdlab.engine.distill import distill
+from kdlab.engine.offpd import offpd_rollouts
+from kdlab.evaluation.evaluate import accuracy, complete
+from kdlab.core.kl import kl_loss
+from kdlab.core.mixture import mixture_logprobs
 from kdlab.tasks.base import split_of
 from kdlab.tasks.grading import grade_choice
-from kdlab.tasks.real import (EVAL_ONLY, ChoiceTask, MathTask, load_benchmarks, parse_options, read_rows,
-                              real_task)
+from kdlab.tasks.real import EVAL_ONLY, ChoiceTask, MathTask, load_benchmarks, parse_options, read_rows, real_task
 from tiny_hf import build_pair, write_synthetic_choice
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -162,7 +164,7 @@ def test_render_and_encode_prompts(loaded):
 
 
 # --------------------------------------------------------------------------------------------
-# Sampling: kdlab's one sampler (kdlab.rollout.sample) with real pad / stop ids and vocabularies
+# Sampling: kdlab's one sampler (kdlab.engine.rollout.sample) with real pad / stop ids and vocabularies
 # --------------------------------------------------------------------------------------------
 
 PROMPTS = ["What is the most likely diagnosis?", "Solve for x: 2x = 6.", "fever"]
@@ -244,7 +246,7 @@ def test_sample_mixture_first_step_and_endpoints(family, loaded):
 
 
 # --------------------------------------------------------------------------------------------
-# Distillation: kdlab's one loop (kdlab.distill.distill) on real checkpoints
+# Distillation: kdlab's one loop (kdlab.engine.distill.distill) on real checkpoints
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("family", FAMILIES)

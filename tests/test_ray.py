@@ -1,4 +1,4 @@
-"""kdlab.distributed on a private local Ray cluster (2 CPUs, no dashboard), started in-process and
+"""kdlab.study.distributed on a private local Ray cluster (2 CPUs, no dashboard), started in-process and
 shut down at the end; plus the resume semantics of ``execute_spec`` without Ray."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kdlab.distributed import Outcome, RayExecutor, RunSpec, execute_spec, run_on_ray, write_json_atomic
+from kdlab.study.distributed import Outcome, RayExecutor, RunSpec, execute_spec, run_on_ray, write_json_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -75,7 +75,7 @@ def test_executor_rejects_bad_arguments():
 
 @pytest.fixture(scope="module")
 def executor():
-    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray>=2.9'); kdlab.distributed needs it")
+    ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'ray>=2.9'); kdlab.study.distributed needs it")
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     ex = RayExecutor("local", num_gpus_per_task=1, init_kwargs=dict(
@@ -131,9 +131,9 @@ def test_run_on_ray_skips_complete_runs_and_records_failures(executor, tmp_path)
 
 
 def test_a_paper_scale_run_as_a_ray_task(executor, tmp_path):
-    """kdlab.fsdp_run on tiny checkpoints, one Ray task, then skipped on the second sweep."""
-    pytest.importorskip("accelerate", reason="accelerate is not installed; kdlab.fsdp_run needs it")
-    from kdlab.fsdp_run import run_kwargs
+    """kdlab.study.fsdp_run on tiny checkpoints, one Ray task, then skipped on the second sweep."""
+    pytest.importorskip("accelerate", reason="accelerate is not installed; kdlab.study.fsdp_run needs it")
+    from kdlab.study.fsdp_run import run_kwargs
     from tiny_hf import build_pair, write_synthetic_choice
 
     teacher, student = build_pair(tmp_path, "llama")
@@ -153,7 +153,7 @@ def test_a_second_driver_connects_by_address(executor, tmp_path):
     import ray
 
     address = ray.get_runtime_context().gcs_address
-    code = ("import math, sys; from kdlab.distributed import RayExecutor\n"
+    code = ("import math, sys; from kdlab.study.distributed import RayExecutor\n"
             f"with RayExecutor({address!r}, num_gpus_per_task=1) as ex:\n"
             "    out = ex.map(math.factorial, [3, 4, 5])\n"
             "    print([o.value for o in out], ex.num_gpus)\n")

@@ -12,13 +12,14 @@ import pytest
 import torch
 import yaml
 
-from kdlab.codec import HFCodec
-from kdlab.config import load_profile
-from kdlab.data import ProblemPool
-from kdlab.hf import load_pretrained
-from kdlab.rlvr import RLVRConfig, grpo_train
-from kdlab.style import (NL_INSTRUCTION, StyledCountdownTask, detect_style, student_prompt, style_report,
-                         style_teacher_tasks, teacher_prompt)
+from kdlab.models.codec import HFCodec
+from kdlab.study.config import load_profile
+from kdlab.engine.data import ProblemPool
+from kdlab.models.hf import load_pretrained
+from kdlab.engine.rlvr import RLVRConfig, grpo_train
+from kdlab.evaluation.evaluate import accuracy
+from kdlab.evaluation.style import (NL_INSTRUCTION, StyledCountdownTask, detect_style, student_prompt, style_report,
+                                    style_teacher_tasks, teacher_prompt)
 from kdlab.tasks.countdown import NaturalCountdownTask
 from tiny_hf import build_pair, write_synthetic_choice
 
@@ -52,7 +53,9 @@ def test_grpo_trains_a_real_checkpoint_through_its_codec(tiny):
     pool = ProblemPool(task, "train", 40, seed=0)
     before = {k: v.detach().to(torch.bfloat16).clone() for k, v in model.named_parameters()}
     cfg = RLVRConfig(steps=2, prompts_per_step=2, group_size=4, lr=1e-2, dtype="bf16", seed=0, kl_coef=0.1)
-    out = grpo_train(model, task, cfg, pool, eval_problems=task.problems("test", 3), progress=False, codec=codec)
+    test = task.problems("test", 3)
+    out = grpo_train(model, task, cfg, pool, eval_fn=lambda m: accuracy(m, task, test, codec=codec), progress=False,
+                     codec=codec)
     assert len(out["history"]) == 2 and not out["nan"]
     for h in out["history"]:
         assert 1.0 <= h["length"] <= 6.0  # tokens of the real tokenizer, at most max_new_tokens
@@ -141,7 +144,7 @@ def followups_profile(tmp_path_factory) -> Path:
 
 
 def test_real_style_teacher_is_the_base_fine_tuned_on_natural_styled_countdown(followups_profile, tmp_path):
-    from kdlab.style_teacher import style_teacher_mixture, style_teacher_path, style_teacher_recipe
+    from kdlab.study.style_teacher import style_teacher_mixture, style_teacher_path, style_teacher_recipe
 
     profile = load_profile(followups_profile)
     mix = style_teacher_mixture(profile)
@@ -157,8 +160,8 @@ def test_real_style_teacher_is_the_base_fine_tuned_on_natural_styled_countdown(f
 
 @pytest.mark.parametrize("section", ["rlvr", "style"])
 def test_preflight_takes_real_follow_ups_with_a_countdown_task_only(followups_profile, section):
-    from kdlab.config import ConfigError
-    from kdlab.preflight import check_profile
+    from kdlab.study.config import ConfigError
+    from kdlab.study.preflight import check_profile
 
     check_profile(load_profile(followups_profile))  # countdown-3 is a task: RLVR and style are accepted
     other = load_profile(followups_profile, {"rlvr.enabled": section == "rlvr", "style.enabled": section == "style",
@@ -171,8 +174,9 @@ def test_preflight_takes_real_follow_ups_with_a_countdown_task_only(followups_pr
 
 @pytest.mark.slow
 def test_real_checkpoint_study_runs_rlvr_and_style_end_to_end(tmp_path):
-    from kdlab.followups import rlvr_starts, style_cells
-    from kdlab.study import notebook_finished, run_study
+    from kdlab.study.followups import rlvr_starts, style_cells
+    from kdlab.study.plan import notebook_finished
+    from kdlab.study.runner import run_study
     from test_study import ensure_kernel
 
     ensure_kernel()

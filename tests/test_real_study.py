@@ -17,9 +17,10 @@ import pytest
 import yaml
 
 from kdlab.cli import main
-from kdlab.config import load_profile
-from kdlab.results import REQUIRED_COLUMNS
-from kdlab.study import expand_grid, notebook_finished, run_study
+from kdlab.study.config import load_profile
+from kdlab.study.results import REQUIRED_COLUMNS
+from kdlab.study.plan import expand_grid, notebook_finished
+from kdlab.study.runner import run_study
 from test_study import ensure_kernel, kill_after_first_run
 from tiny_hf import build_checkpoint, build_tokenizer, write_real_profile
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kdlab.config import ConfigError, Profile, SFTSpec, from_dict, read_yaml
-from kdlab.recipes import sft_mixture
+from kdlab.study.config import ConfigError, Profile, SFTSpec, from_dict, read_yaml
+from kdlab.study.recipes import sft_mixture
 from kdlab.tasks.probes import PROBES
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """Run records (issue 35): the fields and types of metrics.json and history.json, declared once in
-``kdlab.records``, read the same way by the study runner's completeness check and the results
-table; the GPU faults the worker loop tells apart (``kdlab.gpu_faults``)."""
+``kdlab.study.records``, read the same way by the study runner's completeness check and the results
+table; the GPU faults the worker loop tells apart (``kdlab.study.gpu_faults``)."""
 from __future__ import annotations
 
 import json
@@ -9,10 +9,10 @@ import warnings
 
 import pytest
 
-from kdlab import results as R
-from kdlab.gpu_faults import oom_remedy, out_of_memory, poisons_process, release_memory
-from kdlab.records import (RUN_METRICS, columns, history_problems, metrics_problems, only_nonfinite,
-                           record_problems)
+from kdlab.study import results as R
+from kdlab.study.gpu_faults import oom_remedy, out_of_memory, poisons_process, release_memory
+from kdlab.study.records import (RUN_METRICS, columns, history_problems, metrics_problems, only_nonfinite,
+                                 record_problems)
 
 RECORD = {"run_id": "r", "task": "countdown-3", "policy": "off", "lam": -1.0, "kl": "forward", "lr": 1e-4, "seed": 0,
           "dtype": "bf16", "grad_clip": None, "accuracy": 0.5, "base_accuracy": 0.25, "forgetting": -0.01,

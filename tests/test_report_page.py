@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pandas as pd
 
-from kdlab import report_page as P
+from kdlab.study import report_page as P
 from test_study import full_study, tiny_models  # noqa: F401 (session fixtures)
 
 # What must never reach a reader.

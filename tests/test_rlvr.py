@@ -5,10 +5,11 @@ import random
 import pytest
 import torch
 
-from kdlab.data import ProblemPool
-from kdlab.models import build_model
-from kdlab.rlvr import (RLVRConfig, detect_collapse, group_advantages, grpo_loss, grpo_train, token_logprobs,
-                        verifiable_rewards)
+from kdlab.engine.data import ProblemPool
+from kdlab.models.toy import build_model
+from kdlab.evaluation.evaluate import accuracy
+from kdlab.engine.rlvr import (RLVRConfig, detect_collapse, group_advantages, grpo_loss, grpo_train, token_logprobs,
+                               verifiable_rewards)
 from kdlab.tasks import get_task
 from kdlab.tasks.base import Problem, Task
 
@@ -165,7 +166,8 @@ def _run(seed: int, **kw):
     pool = ProblemPool(task, "train", 32, seed=0)
     model = build_model("llama", "nano", seed=0)
     cfg = RLVRConfig(**{"steps": 3, "prompts_per_step": 4, "group_size": 4, "lr": 1e-2, "seed": seed, **kw})
-    res = grpo_train(model, task, cfg, pool, eval_problems=task.problems("test", 4), eval_every=2, progress=False)
+    test = task.problems("test", 4)
+    res = grpo_train(model, task, cfg, pool, eval_fn=lambda m: accuracy(m, task, test), eval_every=2, progress=False)
     return model, res
 
 

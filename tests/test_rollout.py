@@ -1,11 +1,11 @@
 import pytest
 import torch
 
-from kdlab.batching import pad_left, pad_right, response_logits
-from kdlab.data import prompt_ids
-from kdlab.models import build_model
-from kdlab.rollout import sample
-from kdlab.tokenizer import EOS_ID, PAD_ID
+from kdlab.engine.batching import pad_left, pad_right, response_logits
+from kdlab.engine.data import prompt_ids
+from kdlab.models.toy import build_model
+from kdlab.engine.rollout import sample
+from kdlab.models.tokenizer import EOS_ID, PAD_ID
 
 
 @pytest.fixture(scope="module")

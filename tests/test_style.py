@@ -5,13 +5,13 @@ import random
 import pytest
 import torch
 
-from kdlab.data import ProblemPool
-from kdlab.models import build_model
-from kdlab.style import (StyledCountdownTask, detect_style, student_prompt, style_adoption, style_report,
-                         style_teacher_tasks, teacher_prompt)
+from kdlab.engine.data import ProblemPool
+from kdlab.models.toy import build_model
+from kdlab.evaluation.style import (StyledCountdownTask, detect_style, student_prompt, style_adoption, style_report,
+                                    style_teacher_tasks, teacher_prompt)
 from kdlab.tasks.base import Problem
 from kdlab.tasks.countdown import CountdownTask, max_completion_chars
-from kdlab.tokenizer import check_text
+from kdlab.models.tokenizer import check_text
 
 TO_PLAIN = str.maketrans({"p": "+", "m": "-", "t": "*", "d": "/"})
 

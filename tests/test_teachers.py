@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdlab.config import ModelSpec, PretrainSpec
-from kdlab.models import PACKED_WEIGHTS, WEIGHTS, checkpoint_meta, load_checkpoint
+from kdlab.study.config import ModelSpec, PretrainSpec
+from kdlab.models.toy import PACKED_WEIGHTS, WEIGHTS, checkpoint_meta, load_checkpoint
 from kdlab.tasks import probe_tasks
-from kdlab.teachers import ModelStore, SHIPPED_MANIFEST, ship_checkpoint
+from kdlab.study.teachers import ModelStore
+from kdlab.models.store import SHIPPED_MANIFEST, ship_checkpoint
 
 SPEC = ModelSpec(family="llama", size="nano", seed=0)
 PRE = PretrainSpec(steps=6, batch_size=4, lr=1e-3, warmup=2)
@@ -39,7 +40,7 @@ def test_resumed_training_equals_uninterrupted(tmp_path, monkeypatch):
         "student", {"k": 1}, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)
 
     store = ModelStore(tmp_path / "resumed", shipped_dir=None)
-    import kdlab.teachers as teachers
+    import kdlab.study.teachers as teachers
 
     real_save = teachers.save_checkpoint
 
@@ -72,7 +73,7 @@ def test_shipped_checkpoint_is_installed_after_its_hash_is_checked(tmp_path):
     def no_training(*a, **k):
         raise AssertionError("a shipped checkpoint must not be retrained")
 
-    import kdlab.teachers as teachers
+    import kdlab.study.teachers as teachers
     orig, teachers.sft = teachers.sft, no_training
     try:
         got = store.get_or_train("student", {"k": 1}, SPEC, PRE, mixture(), progress=False)
@@ -105,7 +106,7 @@ def test_model_keys_are_plain_data_and_stable_across_processes():
     import subprocess
     import sys
 
-    code = ("import json; from kdlab.config import load_profile; from kdlab.teachers import model_key, "
+    code = ("import json; from kdlab.study.config import load_profile; from kdlab.study.teachers import model_key, "
             "base_tasks, student_mixture, teacher_mixture\n"
             "p = load_profile('params/paper.yaml')\n"
             "keys = [model_key('student', p.student, p.student_pretrain, student_mixture(p, base_tasks(p)), p.trace)]\n"
@@ -122,8 +123,9 @@ def test_model_keys_are_plain_data_and_stable_across_processes():
 
 
 def test_per_task_teacher_steps_change_only_that_teachers_schedule_and_key(repo_root):
-    from kdlab.config import load_profile
-    from kdlab.teachers import model_key, teacher_mixture, teacher_schedule
+    from kdlab.study.config import load_profile
+    from kdlab.models.store import model_key
+    from kdlab.study.teachers import teacher_mixture, teacher_schedule
 
     base = load_profile(repo_root / "params" / "paper.yaml")
     steps = {**base.teacher_pretrain.task_steps, "kb-mc": 123}
@@ -139,8 +141,9 @@ def test_per_task_teacher_steps_change_only_that_teachers_schedule_and_key(repo_
 
 
 def test_student_extra_tasks_enter_the_student_mixture_and_key_only(repo_root):
-    from kdlab.config import load_profile
-    from kdlab.teachers import model_key, student_mixture, student_tasks, teacher_mixture, teacher_schedule
+    from kdlab.study.config import load_profile
+    from kdlab.models.store import model_key
+    from kdlab.study.teachers import student_mixture, student_tasks, teacher_mixture, teacher_schedule
 
     base = load_profile(repo_root / "params" / "quick.yaml")
     over = load_profile(repo_root / "params" / "quick.yaml", {"student_pretrain.extra_tasks": {"countdown-4": 1.5}})
@@ -165,8 +168,8 @@ def test_model_table_evaluates_a_model_once_per_weights_and_eval_settings(tmp_pa
     """`kdlab teachers` and the study's models notebook share the models table's evaluations
     (minutes per real model): a second call with the same weights and eval settings reads the
     cache; other eval settings or other weights evaluate again."""
-    from kdlab import teachers
-    from kdlab.config import load_profile
+    from kdlab.study import teachers
+    from kdlab.study.config import load_profile
 
     calls = []
 
@@ -198,7 +201,7 @@ SHIPPED_CAP_BYTES = 20_000_000  # issue 20: all shipped checkpoints together at 
 def test_shipped_checkpoints_match_their_manifest_and_fit_the_cap():
     """Every shipped checkpoint is listed in the manifest with its packed weights' hash (the hash
     of the plain bytes), nothing unlisted is shipped, and the folder stays within its cap."""
-    from kdlab.models import SHIPPED_DIR, weights_file
+    from kdlab.models.toy import SHIPPED_DIR, weights_file
 
     manifest = json.loads((SHIPPED_DIR / SHIPPED_MANIFEST).read_text())
     dirs = sorted(p.name for p in SHIPPED_DIR.iterdir() if p.is_dir())
@@ -212,8 +215,8 @@ def test_shipped_checkpoints_match_their_manifest_and_fit_the_cap():
 
 
 def test_models_to_train_names_what_is_neither_shipped_nor_cached(tmp_path):
-    from kdlab.config import load_profile
-    from kdlab.teachers import models_to_train
+    from kdlab.study.config import load_profile
+    from kdlab.study.teachers import models_to_train
 
     params = Path(__file__).resolve().parents[1] / "params"
     assert models_to_train(load_profile(params / "quick.yaml"), tmp_path) == []  # all shipped

@@ -4,8 +4,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from kdlab.models import FAMILIES, PRESETS, build_model, load_checkpoint, model_config, n_params, save_checkpoint
-from kdlab.tokenizer import ALPHABET, BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer, decode, encode
+from kdlab.models.toy import FAMILIES, PRESETS, build_model, load_checkpoint, model_config, n_params, save_checkpoint
+from kdlab.models.tokenizer import ALPHABET, BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE, build_tokenizer, decode, encode
 
 
 def test_fast_encode_matches_hf_tokenizer(tmp_path):

@@ -9,8 +9,22 @@ from pathlib import Path
 
 import yaml
 
-from .atomic import write_json_atomic
-from .config import ConfigError, read_yaml
+from .core.atomic import write_json_atomic
+from .study.config import ConfigError, read_yaml, load_profile, dropped_values
+from .core.faults import check_writable, KdlabError
+from .study.building import check_models, model_paths
+from .study.preflight import check_machine, check_profile
+from .study.materials import is_real
+from .study.teachers import model_table, model_paths as toy_paths, capacity_paths
+from .study.report_tables import format_table
+from .study import runs
+from .evaluation.evaluate import error_modes
+from .models.toy import load_checkpoint, checkpoint_meta
+from .tasks import get_task
+from .tasks.base import held_out
+from .study.runner import run_study
+from .models.store import shipped_manifest
+from .study.gpu_faults import oom_remedy
 
 
 def _overrides(pairs: list[str]) -> dict:
@@ -28,17 +42,13 @@ def _overrides(pairs: list[str]) -> dict:
 
 def _outputs_root(args) -> Path:
     """``--outputs``, resolved; ``KdlabError`` when it cannot be written."""
-    from .faults import check_writable
 
     return check_writable(Path(args.outputs).resolve())
 
 
 def _profile(args, models: bool = True):
     """The profile of ``args.params`` with its ``--set`` overrides, validated, everything it names
-    on disk checked (``kdlab.preflight``) and, with ``models``, its models' recorded hashes."""
-    from .config import ConfigError, load_profile
-    from .materials import check_models
-    from .preflight import check_machine, check_profile
+    on disk checked (``kdlab.study.preflight``) and, with ``models``, its models' recorded hashes."""
 
     profile = load_profile(args.params, _overrides(args.set))
     try:
@@ -52,18 +62,12 @@ def _profile(args, models: bool = True):
 
 
 def cmd_teachers(args) -> int:
-    from .materials import is_real, model_paths
-    from .teachers import model_table
-    from .report_tables import format_table
 
     profile = _profile(args, models=not args.rebuild)  # (--rebuild is the remedy for a corrupt one)
     if (args.rebuild or args.capacity) and is_real(profile):
-        from .config import ConfigError
         raise ConfigError(f"--rebuild / --capacity: {args.params} names pretrained checkpoints; kdlab builds only toy models")
     if args.rebuild:
         # Train from scratch into a separate store, then compare with what the repository ships.
-        from .models import checkpoint_meta
-        from .teachers import model_paths as toy_paths, shipped_manifest
         paths = toy_paths(profile, _outputs_root(args) / "models-rebuild", rebuild=True)
         shipped = shipped_manifest()
         for role, path in paths.items():
@@ -75,7 +79,6 @@ def cmd_teachers(args) -> int:
         paths = model_paths(profile, _outputs_root(args) / "models")
     rows = model_table(profile, paths, cache_root=_outputs_root(args) / "cache")
     if args.capacity:
-        from .teachers import capacity_paths
         cap = capacity_paths(profile, _outputs_root(args) / "models")
         rows += model_table(profile, cap, label="capacity check (student preset, teacher recipe)",
                             cache_root=_outputs_root(args) / "cache")
@@ -92,8 +95,6 @@ def cmd_distill(args) -> int:
 
     import torch
 
-    from .config import dropped_values, load_profile
-    from .runs import execute_run, run_config_from
 
     profile = _profile(args)
     # The flags are checked as the same values in a profile would be (one validator for both).
@@ -109,17 +110,15 @@ def cmd_distill(args) -> int:
     if args.task is not None and args.task not in tasks:
         raise ConfigError(f"--task {args.task!r}: profile {args.params} distils {tasks} (its teachers are for those); "
                           f"add it to grid.tasks to build its teacher")
-    cfg = run_config_from(profile, task=args.task, policy=args.policy, lam=args.lam, kl=args.kl, lr=args.lr, seed=args.seed)
+    cfg = runs.run_config_from(profile, task=args.task, policy=args.policy, lam=args.lam, kl=args.kl, lr=args.lr, seed=args.seed)
     out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "runs" / cfg.run_id
     dropped = [d for d in dropped_values(profile) if d.startswith("eval.")]  # (the flags pick the one cell)
     if dropped:
         print(f"kdlab: note: {'; '.join(dropped)}", file=sys.stderr)
     try:
-        metrics = execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models",
+        metrics = runs.execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models",
                               save_student=args.save_student)
     except torch.OutOfMemoryError as e:
-        from .faults import KdlabError
-        from .gpu_faults import oom_remedy
 
         raise KdlabError(f"run {cfg.run_id}: {' '.join(str(e).split())[:200]}; {oom_remedy(asdict(cfg))}") from None
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=2))
@@ -131,23 +130,16 @@ def cmd_distill(args) -> int:
 
 
 def cmd_rlvr(args) -> int:
-    from .config import load_profile
-    from .runs import execute_rlvr
 
     profile = load_profile(args.params, _overrides(args.set))
     name = "base" if args.start == "base" else Path(args.start).resolve().parent.name
     out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "rlvr" / f"{name}_s{args.seed}"
-    metrics = execute_rlvr(profile, args.start, out, models_root=_outputs_root(args) / "models", seed=args.seed)
+    metrics = runs.execute_rlvr(profile, args.start, out, models_root=_outputs_root(args) / "models", seed=args.seed)
     print(json.dumps(metrics, indent=2))
     return 0
 
 
 def cmd_diagnose(args) -> int:
-    from .config import ConfigError, load_profile
-    from .evaluate import error_modes
-    from .models import load_checkpoint
-    from .tasks import get_task
-    from .tasks.base import held_out
 
     profile = load_profile(args.params, _overrides(args.set))
     ckpt = Path(args.checkpoint)
@@ -172,7 +164,6 @@ def cmd_diagnose(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from .study import run_study
 
     if args.workers < 1:
         raise ConfigError(f"--workers {args.workers}: must be at least 1")
@@ -260,7 +251,6 @@ _ENV_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUO
 
 def _one_line(e: Exception) -> str | None:
     """The line the command line shows for a user or environment error; None for a bug."""
-    from .faults import KdlabError
 
     if isinstance(e, ConfigError):
         return f"invalid parameters: {e}"

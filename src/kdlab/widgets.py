@@ -20,8 +20,9 @@ from typing import Any
 import ipywidgets as widgets
 import pandas as pd
 
-from .analysis.explore import explorer_data, explorer_plot
+from .analysis.explore import explorer_data, explorer_plot, figure_png
 from .analysis.table import FACTORS, metric_columns
+from .analysis.toy import teaching_figure, teaching_scene
 
 def _static_bundle(widget: widgets.Widget, png: bytes | None, readout: str, notebook: str,
                    data: dict[str, Any]) -> dict[str, Any]:
@@ -106,7 +107,6 @@ class TeachingKLWidget(widgets.VBox):
 
     def update(self) -> None:
         """Recompute the scene from the controls and redraw (a bad setting shows its error)."""
-        from .analysis.toy import figure_png, teaching_figure, teaching_scene  # torch, only when needed
 
         try:
             scene = teaching_scene(**self.params())
@@ -185,7 +185,6 @@ class ResultsExplorer(widgets.VBox):
                 "filters": {c: list(w.value) for c, w in self.filters.items() if w.value}}
 
     def update(self) -> None:
-        from .analysis.explore import figure_png
 
         sel = self.selection()
         try:

@@ -1,8 +1,11 @@
 """Analysis of kdlab studies: the toy forward/reverse-KL picture, KL gradients on real rollouts,
 lambda-spectrum curves, statistics and the findings scoreboard.
 
-Modules: ``toy`` (teaching forward vs reverse KL), ``gradients`` (logit gradients and the update
-bound), ``table`` (loading the results table, output folders), ``spectrum`` (metrics against
+It reads finished runs and draws them; it never samples or trains (the gradient experiment's
+sampling and gradients are ``kdlab.engine.gradients``).
+
+Modules: ``toy`` (teaching forward vs reverse KL), ``gradients`` (figures of the gradient
+experiment), ``table`` (loading the results table, output folders), ``spectrum`` (metrics against
 lambda), ``stats`` (ANOVA, paired tests, seed variance, mixed model), ``findings`` (STUDY.md
 findings as tests), ``explore`` (the explorer's plotting), ``synthetic`` (tables with planted
 effects for tests and demos). Widgets live in ``kdlab.widgets``.
@@ -18,8 +21,7 @@ from typing import Any
 _EXPORTS = {
     "explore": ("apply_filters", "explorer_data", "explorer_plot"),
     "findings": ("FindingResult", "compare_scoreboards", "evaluate_findings", "scoreboard", "summarize"),
-    "gradients": ("GradientEntries", "PolicySamples", "gradient_entries", "logit_gradients", "sample_policy",
-                  "sequence_logprobs", "tv_distance", "update_distance_vs_tv"),
+    "gradients": ("find_models", "plot_gradient_entries", "plot_update_bound"),
     "spectrum": ("mean_ci", "plot_spectrum", "spectrum_table"),
     "stats": ("anova_table", "holm", "knob_table", "mixed_model", "paired_comparisons", "seed_variance"),
     "synthetic": ("SyntheticEffects", "synthetic_results"),

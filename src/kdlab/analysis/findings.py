@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as sstats
 
-from ..kl import SAMPLED_KINDS
+from ..core.schema import SAMPLED_KINDS
 from .stats import anova_table, paired_comparisons
 from .table import lr_levels, main_grid, variant_columns
 

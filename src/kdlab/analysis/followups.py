@@ -1,6 +1,6 @@
 """The follow-ups of a study: the RLVR (GRPO) runs from distilled students and the style runs.
 
-Files (written by the study runner, see ``kdlab.followups``):
+Files (written by the study runner, see ``kdlab.study.followups``):
 
 - ``<study>/rlvr/<start_id>_s<seed>/metrics.json`` and ``history.json`` (one entry per GRPO step:
   ``reward_mean``, ``length`` in tokens, ``accuracy`` (greedy, on ``rlvr.n_eval`` test problems)

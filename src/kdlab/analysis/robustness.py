@@ -1,6 +1,6 @@
 """Robustness variants beside the main grid: the companion studies of a profile.
 
-A profile's ``companions`` (``kdlab.config.companion_profile``) each run the main grid under some
+A profile's ``companions`` (``kdlab.study.config.companion_profile``) each run the main grid under some
 overrides (sampled KL estimators, no gradient clipping, a longer trace, ...) into their own study
 directory; the runner lists them in ``<study>/companions.json``. Here the main grid and every
 companion are put side by side per (policy, KL direction, learning rate). A sampled estimator
@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from ..kl import SAMPLED_KINDS
+from ..core.schema import SAMPLED_KINDS
 from .table import load_results, main_grid, resolve_path
 
 SAMPLED = SAMPLED_KINDS  # k1, k2, k3 and the paper's sf

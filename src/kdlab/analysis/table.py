@@ -17,7 +17,7 @@ POLICY_LAMBDA = {"off": -1.0, "on": 1.0}
 FACTORS = ("task", "policy", "lam", "kl", "lr", "seed", "dtype", "grad_clip")
 # Columns that end in "_accuracy" but are not harder-variant accuracies.
 _NOT_VARIANTS = {"accuracy", "base_accuracy"}
-# Settings every run records (kdlab.runs.training_details): not outcomes.
+# Settings every run records (kdlab.study.runs.training_details): not outcomes.
 TRAINING_DETAILS = ("teacher_sample_temperature", "student_sample_temperature", "teacher_loss_temperature",
                     "student_loss_temperature", "warmup", "prompts_per_step")
 

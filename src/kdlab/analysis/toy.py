@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..kl import token_kl
-from .explore import figure_png  # noqa: F401  (re-exported: the notebooks save figures with it)
+from ..core.kl import token_kl
+from .explore import figure_png  # noqa: F401 - re-exported: notebooks draw with toy.figure_png
 
 FAMILIES = ("gaussian", "free")
 DIRECTIONS = ("forward", "reverse")
@@ -147,7 +147,7 @@ def _initial_bump(x: np.ndarray, init_mean: float | None, init_width: float | No
 def fit_student_result(teacher: object, direction: str, steps: int = 300, lr: float = 0.1, *,
                        family: str = "gaussian", support: object = None, init_mean: float | None = None,
                        init_width: float | None = None, width_lr_scale: float = 0.2) -> StudentFit:
-    """Fit a student to ``teacher`` by Adam on ``kdlab.kl.token_kl`` (float64).
+    """Fit a student to ``teacher`` by Adam on ``kdlab.core.kl.token_kl`` (float64).
 
     Args:
         teacher: (n,) teacher probabilities (strictly positive, sum 1).

@@ -1,8 +1,8 @@
-"""The study runner (``kdlab study``): ``plan`` (grid, jobs, completeness), ``kernels`` (warm
-kernels, papermill, workers, Ray) and ``runner`` (``run_study`` as named phases)."""
-from .kernels import papermill_run
-from .plan import expand_grid, notebook_finished, run_is_complete, schedule, study_dir_of, study_model_paths
-from .runner import run_study
-
-__all__ = ["expand_grid", "notebook_finished", "papermill_run", "run_is_complete", "run_study", "schedule",
-           "study_dir_of", "study_model_paths"]
+"""The study: profiles and their validation (``config``, ``preflight``), what a run is made of
+(``materials``), building the models (``teachers``, ``recipes``, ``style_teacher``, ``building``),
+one run end to end (``runs``, ``fsdp_run``, ``followups``), its records (``records``,
+``results``, ``atomic`` writes in ``kdlab.core``), the report (``report_page``,
+``report_tables``) and the runner of ``kdlab study``: ``plan`` (grid, jobs, completeness),
+``kernels`` (warm kernels, papermill, workers, Ray via ``distributed``) and ``runner``
+(``run_study`` as named phases). Notebooks call the modules below the runner, never the runner.
+"""

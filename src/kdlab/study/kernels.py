@@ -7,7 +7,7 @@ pays for the kernel start and the imports. A job's notebook that raises gets ``e
 (failing cell, error name and message) next to its partial notebook, and the study goes on.
 A run that runs out of GPU memory is recorded with the settings to lower and its kernel's
 memory is released; a CUDA error that poisons the kernel's process replaces that kernel and
-the run is redone in the fresh one (``kdlab.gpu_faults``).
+the run is redone in the fresh one (``kdlab.study.gpu_faults``).
 """
 from __future__ import annotations
 
@@ -28,10 +28,11 @@ from typing import Any, Callable
 
 import nbformat
 
-from ..atomic import FILE_MODE, write_json_atomic, write_text_atomic
-from ..gpu_faults import RELEASE, oom_remedy, out_of_memory, poisons_process
-from ..records import only_nonfinite, record_problems
+from ..core.atomic import FILE_MODE, write_json_atomic, write_text_atomic
+from .gpu_faults import RELEASE, oom_remedy, out_of_memory, poisons_process
+from .records import only_nonfinite, record_problems
 from .plan import NOTEBOOKS_DIR, Job, _notebook
+from .distributed import RunSpec, run_on_ray
 
 KERNEL_NAME = "python3"
 KERNEL_STARTUP_TIMEOUT_S = 180
@@ -43,7 +44,7 @@ log = logging.getLogger("kdlab.study")
 _WARM_IMPORTS = """
 import gc
 import matplotlib.pyplot, pandas, seaborn, torch
-import kdlab.results, kdlab.runs, kdlab.teachers
+import kdlab.study.results, kdlab.study.runs, kdlab.study.teachers
 import datasets, transformers
 datasets.disable_progress_bars()  # progress bars never reach an executed notebook or the report
 transformers.utils.logging.disable_progress_bar()
@@ -58,11 +59,11 @@ _RESET = """
 %reset -f
 def _kdlab_prepare(cwd):
     import gc, os, sys
-    import kdlab.gpu_faults
+    import kdlab.study.gpu_faults
     if "matplotlib.pyplot" in sys.modules:
         sys.modules["matplotlib.pyplot"].close("all")
     os.chdir(cwd)
-    kdlab.gpu_faults.release_memory()  # the last notebook's error and its frames too
+    kdlab.study.gpu_faults.release_memory()  # the last notebook's error and its frames too
     gc.freeze()  # what survives a reset is module state (imports, caches): keep it frozen too
     get_ipython().execution_count = 1
 _kdlab_prepare({cwd!r})
@@ -413,7 +414,7 @@ def _unfinished(job: Job) -> dict[str, Any] | None:
 
 
 def _set_aside_invalid(run_dir: Path, kind: str = "run") -> tuple[str, str] | None:
-    """When a run's record lacks what the results table reads (``kdlab.records``): move its
+    """When a run's record lacks what the results table reads (``kdlab.study.records``): move its
     ``metrics.json`` aside (the run is then not done) and return (error name, message):
     ``NonFiniteMetrics`` (``metrics.nonfinite.json``) when only measured values are not finite,
     else ``InvalidRecord`` (``metrics.invalid.json``); None for a complete record."""
@@ -460,7 +461,6 @@ def _run_on_ray(address: str, todo: list[Job], ctx: "Context", on_done: Callable
     """The grid on a Ray cluster: one task per cell, each executing the run notebook with
     papermill on its worker (so every run still leaves its executed notebook). Same resume
     (complete runs are skipped) and failure (``error.json``, the study goes on) semantics."""
-    from ..distributed import RunSpec, run_on_ray
 
     specs = []
     for job in todo:

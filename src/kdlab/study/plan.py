@@ -5,7 +5,7 @@
 - ``Job``: one notebook execution (a grid cell, a style run or an RLVR start) with the one
   parameter that carries its whole configuration (``run``: ``RunConfig`` as a dict);
 - completeness: a run directory whose ``metrics.json`` and ``history.json`` hold the fields the
-  results table reads (``kdlab.records``) is complete (never redone); anything less is redone;
+  results table reads (``kdlab.study.records``) is complete (never redone); anything less is redone;
 - ``check_params``: the resolved profile kept as ``params.yaml``; a rerun with other settings
   (except the grid lists) is refused;
 - ``study_model_paths`` / ``models_ready``: the models the study needs, built or not.
@@ -19,12 +19,13 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError, Profile, from_dict, read_yaml, to_dict
-from ..distill import RunConfig
-from ..followups import RLVRStart
-from ..atomic import write_text_atomic
-from ..records import record_problems
-from ..runs import run_config_from
+from .config import ConfigError, Profile, from_dict, read_yaml, to_dict
+from ..engine.run_config import RunConfig
+from .followups import RLVRStart
+from ..core.atomic import write_text_atomic
+from .records import record_problems
+from .runs import run_config_from
+from .building import study_model_paths
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[3] / "notebooks"
 TEACHERS_NB, RUN_NB, GRID_NB, REPORT_NB = "00_teachers.ipynb", "10_run.ipynb", "20_grid.ipynb", "30_report.ipynb"
@@ -139,7 +140,7 @@ class Job:
 
     @property
     def kind(self) -> str:
-        """The kind of record its notebook writes (``kdlab.records.SCHEMAS``)."""
+        """The kind of record its notebook writes (``kdlab.study.records.SCHEMAS``)."""
         return "rlvr" if self.notebook == RLVR_NB else "run"
 
     def complete(self) -> bool:
@@ -170,7 +171,7 @@ def rlvr_job(study_dir: Path, start: RLVRStart) -> Job:
 
 def run_is_complete(run_dir: Path, kind: str = "run") -> bool:
     """A run is complete when its ``metrics.json`` and ``history.json`` (both written atomically,
-    metrics last) hold the fields of its kind of record (``kdlab.records``): a truncated file, an
+    metrics last) hold the fields of its kind of record (``kdlab.study.records``): a truncated file, an
     empty ``{}`` or a field of the wrong type makes it redo."""
     return not record_problems(run_dir, kind)
 
@@ -236,16 +237,6 @@ def _check_params(study_dir: Path, profile: Profile) -> Path:
     return path
 
 
-def study_model_paths(profile: Profile, root: Path, progress: bool = True, train: bool = True) -> dict[str, Path]:
-    """``kdlab.teachers.model_paths`` plus, when ``style.enabled``, ``"style-teacher"``: every model
-    a study needs (FileNotFoundError naming a missing one when ``train`` is False)."""
-    from ..materials import model_paths
-    from ..style_teacher import style_teacher_path
-
-    paths = model_paths(profile, root, progress=progress, train=train)
-    if profile.style.enabled:
-        paths["style-teacher"] = style_teacher_path(profile, root, progress=progress, train=train)
-    return paths
 
 
 def _models_ready(profile: Profile, outputs: Path, study_dir: Path) -> bool:

@@ -1,7 +1,7 @@
 """The study runner behind ``kdlab study PARAMS --workers N``, as named phases.
 
 1. **check**: the profile is validated and every file, checkpoint and tokenizer it names is
-   checked (``kdlab.preflight``) before anything is written; the resolved profile is kept as
+   checked (``kdlab.study.preflight``) before anything is written; the resolved profile is kept as
    ``outputs/<study>/params.yaml``, and a rerun must use the same settings (only the grid lists
    policies, kls, lrs, seeds and lambdas may grow or shrink);
 2. **models**: built or reused by executing ``notebooks/00_teachers.ipynb`` (toy models are
@@ -9,10 +9,10 @@
    evaluated) -> ``teachers/00_teachers.ipynb``, ``models.json``;
 3. **jobs**: ``notebooks/10_run.ipynb`` once per grid cell into ``runs/<run_id>/run.ipynb``, on
    warm kernels or on Ray (``kdlab.study.kernels``), then the follow-ups (style runs, RLVR
-   starts, ``kdlab.followups``); a killed study finishes when the same command runs again;
+   starts, ``kdlab.study.followups``); a killed study finishes when the same command runs again;
 4. **report**: ``results.parquet`` (``20_grid``), the analysis notebooks, then ``30_report``
    (its first screen shows the scoreboard and knob table the statistics notebook wrote) ->
-   ``report.html`` (report first, then the analyses; ``kdlab.report_page``).
+   ``report.html`` (report first, then the analyses; ``kdlab.study.report_page``).
 
 A profile's ``companions`` are run first as studies of their own (``<name>-<suffix>``, the main
 grid under the companion's overrides, no report) and shown in section ``93_robustness``.
@@ -33,16 +33,17 @@ from pathlib import Path
 from typing import Any
 
 
-from ..config import ConfigError, Profile, companion_profile, dropped_values, load_profile
-from ..followups import rlvr_starts, students_to_save, style_cells
-from ..materials import check_models, models_to_train
-from ..atomic import write_json_atomic, write_text_atomic
-from ..preflight import check_machine, check_profile
-from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env,
-                      _record_error, _run_jobs, _run_on_ray)
-from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook, _pending,
-                   analysis_lanes, analysis_notebooks, expand_grid, invalid_records, rlvr_job, run_is_complete, run_job,
-                   schedule, study_dir_of)
+from .config import ConfigError, Profile, companion_profile, dropped_values, load_profile
+from .followups import rlvr_starts, students_to_save, style_cells
+from .building import check_models, models_to_train
+from ..core.atomic import write_json_atomic, write_text_atomic
+from .preflight import check_machine, check_profile
+from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env, _record_error,
+                      _run_jobs, _run_on_ray)
+from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook,
+                   _pending, analysis_lanes, analysis_notebooks, expand_grid, invalid_records, rlvr_job,
+                   run_is_complete, run_job, schedule, study_dir_of)
+from .report_page import export_html
 
 
 class StudyBusy(RuntimeError):
@@ -361,8 +362,7 @@ def _summary(ctx: Context, profile: Profile, cells: list, extra_jobs: list) -> N
 def _export_html(notebooks: list[Path], html: Path) -> None:
     """The executed report, followed by the analysis notebooks, as one standalone HTML page with
     the code cells hidden, a table of contents and long tables collapsed
-    (``kdlab.report_page``; written atomically). A notebook that is missing is skipped."""
-    from ..report_page import export_html
+    (``kdlab.study.report_page``; written atomically). A notebook that is missing is skipped."""
 
     body = export_html(notebooks)
     if body is not None:

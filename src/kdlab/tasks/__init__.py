@@ -3,7 +3,11 @@ from __future__ import annotations
 
 from .base import ANSWER_MARK, PROMPT_END, Problem, Task, final_answer, split_of
 
-from ..schema import TARGET_TASKS
+from ..core.schema import TARGET_TASKS
+from .probes import probe_tasks as _probes
+from .countdown import CountdownTask
+from .kb import KBTask
+from .rules import RulesTask
 
 
 def get_task(name: str, trace: str = "steps", world_seed: int = 0) -> Task:
@@ -11,20 +15,16 @@ def get_task(name: str, trace: str = "steps", world_seed: int = 0) -> Task:
     world of kb-mc / rules-mc (the teacher's world is 0; the student base learns the format on
     another world)."""
     if name.startswith("countdown"):
-        from .countdown import CountdownTask
         return CountdownTask(name, trace=trace)
     if name == "kb-mc":
-        from .kb import KBTask
         return KBTask(world_seed=world_seed)
     if name == "rules-mc":
-        from .rules import RulesTask
         return RulesTask(world_seed=world_seed)
     raise ValueError(f"unknown task {name!r}; choose from {list(TARGET_TASKS)}")
 
 
 def probe_tasks() -> list[Task]:
     """The seven probe skills (forgetting is measured on them), in a fixed order."""
-    from .probes import probe_tasks as _probes
     return _probes()
 
 

@@ -4,7 +4,7 @@ A task generates problems deterministically from a seed and a split, renders the
 student sees, gives a reference completion (reasoning trace then final answer) for teacher
 training, and scores a completion with a verifier (never with a model).
 
-Text conventions (the tokenizer is character level, see ``kdlab.tokenizer``):
+Text conventions (the tokenizer is character level, see ``kdlab.models.tokenizer``):
 - prompts and completions use printable ASCII only (no newline, no tab);
 - a prompt starts with the task's one-character ``tag`` and ends with ``PROMPT_END`` (":");
 - a completion is the reasoning trace, then ``ANSWER_MARK`` ("#"), then the final answer;

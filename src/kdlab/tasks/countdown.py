@@ -54,8 +54,8 @@ from functools import lru_cache
 from math import gcd
 from typing import Union
 
-from kdlab.schema import DFS_VARIANTS  # longer dfs traces can exceed the models' positions
-from kdlab.tasks.base import ANSWER_MARK, SPLITS, Problem, Task, final_answer, split_of
+from ..core.schema import DFS_VARIANTS
+from .base import ANSWER_MARK, SPLITS, Problem, Task, final_answer, split_of
 
 Number = Union[int, Fraction]
 Step = tuple[Number, str, Number, Number]  # (left, op, right, result)

@@ -44,9 +44,7 @@ import random
 from functools import cache
 from itertools import product
 
-from kdlab.tasks.base import (
-    ANSWER_MARK, PROMPT_END, SPLITS, Problem, Split, Task, final_answer, split_of,
-)
+from .base import ANSWER_MARK, PROMPT_END, SPLITS, Problem, Split, Task, final_answer, split_of
 
 ENTITIES = "abcdefghijklmnopqrst"
 RELATIONS = "123"

@@ -28,9 +28,7 @@ import random
 from abc import abstractmethod
 import string
 
-from kdlab.tasks.base import (
-    ANSWER_MARK, PROMPT_END, SPLITS, Problem, Split, Task, final_answer, split_of,
-)
+from .base import ANSWER_MARK, PROMPT_END, SPLITS, Problem, Split, Task, final_answer, split_of
 
 _LOWER = string.ascii_lowercase
 

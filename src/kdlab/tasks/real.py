@@ -12,7 +12,7 @@ code can use them:
 
 Files are read with ``datasets.load_dataset("json" | "parquet", data_files=path)``; nothing is
 downloaded. Unlike the toy tasks, prompts are free text (newlines, Unicode): they are meant for
-a real tokenizer, which applies its chat template (``kdlab.hf.render_prompt``).
+a real tokenizer, which applies its chat template (``kdlab.models.hf.render_prompt``).
 
 Splits come from ``split_of`` on a content hash of each row, so they are stable under file
 reordering and identical questions in two files land in the same split. A file used only for

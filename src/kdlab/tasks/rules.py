@@ -39,14 +39,11 @@ Chance level and why the student base is weak
 """
 from __future__ import annotations
 
-import hashlib
 import random
 from functools import cache
 from itertools import product
 
-from kdlab.tasks.base import (
-    ANSWER_MARK, PROMPT_END, SPLITS, Problem, Split, Task, final_answer, split_of,
-)
+from .base import ANSWER_MARK, PROMPT_END, SPLITS, Problem, Split, Task, final_answer, split_of
 
 DIGITS = "0123456789"
 RULES = "stuvwxyz"

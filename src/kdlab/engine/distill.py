@@ -1,0 +1,228 @@
+"""The distillation loop: rollout policy x KL x learning rate, from a student base to a teacher.
+
+One loop for every model: kdlab's toy models and real Hugging Face checkpoints, on any device,
+in one process or sharded over several (FSDP2, ``kdlab.study.fsdp_run``). What differs between them
+is the ``codec`` (``kdlab.models.codec``: prompt rendering, pad and stop ids, vocabulary size).
+
+The run samples training sequences under its rollout policy (OffPD: a cached pool of teacher
+rollouts; OnPD: fresh student rollouts every step; lambda: fresh pi_lambda rollouts), scores
+every response position with the frozen teacher over the full vocabulary, and takes one AdamW
+step on the token mean of the chosen KL over the whole batch, in micro-batches when asked
+(gradient accumulation, each micro-batch weighted by its share of the batch's tokens, so the
+update is that of the whole batch). Parameters are bf16 with no fp32 master copy by default (an
+update smaller than one bf16 step is lost, as in the paper's bf16 training), or fp32.
+
+Under ``torch.distributed`` every rank draws the same global batch and trains on its slice;
+the token mean is global (token counts are summed over ranks) and FSDP averages gradients.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from .batching import pad_left, pad_right, response_logits
+from ..models.codec import CHAR
+from ..core.schema import SCORE_FUNCTION
+from ..core.kl import draw_tokens, kl_loss, token_kls
+from .rollout import sample
+from ..tasks.base import Problem, Task
+from ..core.dtypes import DTYPES
+from .offpd import _OffPDTeacherLogits
+from .optim import all_finite, lr_at, make_adamw
+from .precision import _Arithmetic, _fast_cpu_attention, compute_dtype_of, keep_freed_heap, upcast
+from .ranks import _sum_over_ranks, _world
+from .run_config import RunConfig, RunResult
+
+
+def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of: Callable, cfg: RunConfig,
+          codec, n_total: float, sf_gen: Callable[[torch.device], torch.Generator] | None = None
+          ) -> torch.Tensor:
+    """Forward + backward of one batch slice in micro-batches; returns the summed (loss, forward
+    KL, reverse KL) over its tokens as one float64 tensor (3,) on the student's device, read by
+    the host once per step, not per micro-batch. Micro-batch m's token-mean loss is weighted by
+    ``world * n_m / n_total`` (``n_total``: the global token count), so the accumulated
+    gradient, averaged over ranks, is that of the global token mean. The loss compares
+    ``softmax(z_S / tau_S)`` with ``softmax(z_T / tau_T)`` (``cfg.loss_temperatures()``); for
+    kl "sf" one extra token per position is drawn (``sf_gen``: the generator on a device) from
+    the teacher (forward) or the student (reverse). A non-finite loss is backpropagated like
+    any other; the caller reads it before the optimiser step and stops the run."""
+    rows = batch["r"].shape[0]
+    mb = cfg.micro_batch_size or rows
+    _, world = _world()
+    tau_s, tau_t = cfg.loss_temperatures()
+    sums = None
+    for i in range(0, rows, mb):
+        j = min(rows, i + mb)
+        r, rm = batch["r"][i:j], batch["rm"][i:j]
+        t_logits = t_logits_of(i, j)  # (b, R, V)
+        s_logits = response_logits(student, batch["sp"][i:j], batch["spm"][i:j], r, rm, codec.vocab_size)  # (b, R, V)
+        rm_d, r_d = rm.to(s_logits.device), r.to(s_logits.device)
+        t_logits = t_logits.to(s_logits.device)
+        if tau_s != 1.0:
+            s_logits = s_logits / tau_s
+        if tau_t != 1.0:
+            t_logits = t_logits / tau_t
+        samples = None
+        if cfg.kl == SCORE_FUNCTION:
+            source = t_logits if cfg.sampled_direction == "forward" else s_logits
+            samples = draw_tokens(source, generator=sf_gen(s_logits.device) if sf_gen else None)
+        loss = kl_loss(s_logits, t_logits, cfg.kl, rm_d, temperature=1.0, beta=cfg.jsd_beta, tokens=r_d,
+                       sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None, samples=samples)
+        n_m = float(rm.sum())  # rm is on the host
+        weight = world * n_m / n_total
+        (loss if weight == 1.0 else loss * weight).backward()
+        with torch.no_grad():
+            fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
+            part = torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()])
+            sums = part if sums is None else sums + part
+        del s_logits, t_logits
+    return sums
+
+
+def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg: RunConfig, *,
+            offpd: tuple[list[Problem], list[list[int]]] | None = None, pool=None,
+            teacher_prompt: Callable[[Problem], str] | None = None, progress: bool = True,
+            desc: str | None = None, codec=CHAR, teacher_system: str | None = None,
+            max_new_tokens: int | None = None, offpd_teacher_logits: torch.Tensor | None = None) -> RunResult:
+    """Train ``student`` in place (cast to ``cfg.dtype``) by distillation from frozen ``teacher``.
+
+    ``offpd`` (problems, teacher responses) is required for policy "off"; ``pool`` (train
+    problems, ``kdlab.engine.data.ProblemPool``) for the others. ``teacher_prompt`` maps a problem to
+    the teacher's prompt text (default: the student's); ``teacher_system`` is a system turn only
+    the teacher sees. ``codec`` renders prompts (default: kdlab's char tokenizer). Rollouts are
+    at most ``max_new_tokens`` (default: the task's). ``offpd_teacher_logits``: the OffPD pool's
+    teacher logits, every row (``offpd_teacher_logits``, shared by the runs on one pool); without
+    them a run computes the rows it draws, once each. Returns the per-step history; never
+    raises on divergence: a non-finite loss or parameter stops the run and marks it collapsed.
+    """
+    t_start = time.perf_counter()
+    keep_freed_heap()
+    phase = {"rollout": 0.0, "step": 0.0}
+    rank, world = _world()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)  # the global batch: identical on every rank
+    device = next(student.parameters()).device
+    gen = torch.Generator(device=device).manual_seed(cfg.seed + 1_000_003 * rank)  # this rank's rollouts, on its device
+    if cfg.batch_size % world:
+        raise ValueError(f"batch_size {cfg.batch_size} must be a multiple of the number of processes {world}")
+    per_rank = cfg.batch_size // world
+    lo, hi = rank * per_rank, (rank + 1) * per_rank
+    max_new = max_new_tokens or task.max_new_tokens
+    if next(student.parameters()).dtype != DTYPES[cfg.dtype]:
+        student.to(DTYPES[cfg.dtype])
+    device = next(student.parameters()).device
+    arith = _Arithmetic(student, compute_dtype_of(cfg, device), world)
+    work = arith.model  # samples, forward, backward
+    teacher = upcast(teacher, next(work.parameters()).dtype, world)
+    teacher.eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    if cfg.policy == "off" and offpd is None:
+        raise ValueError("policy 'off' needs the cached teacher rollouts (offpd=...)")
+    if cfg.policy != "off" and pool is None:
+        raise ValueError(f"policy {cfg.policy!r} needs a pool of training problems (pool=...)")
+    tp = teacher_prompt or (lambda p: p.prompt)
+    separate_teacher_prompt = teacher_prompt is not None or bool(teacher_system)
+    params = list(student.parameters())
+    opt, opt_name = make_adamw(params, cfg.lr, cfg.weight_decay, cfg.fused_adamw)
+    temp_s, temp_t = cfg.sample_temperatures()
+    sf_gens: dict[str, torch.Generator] = {}
+
+    def sf_gen(dev: torch.device) -> torch.Generator:  # the extra tokens of kl "sf": own stream per run and rank
+        if str(dev) not in sf_gens:
+            sf_gens[str(dev)] = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
+        return sf_gens[str(dev)]
+    cache = None
+    if cfg.policy == "off" and (offpd_teacher_logits is not None or _OffPDTeacherLogits.fits(teacher, offpd[1])):
+        cache = _OffPDTeacherLogits(teacher, offpd[0], offpd[1],
+                                    [codec.prompt(tp(p), teacher_system) for p in offpd[0]], codec)
+        if offpd_teacher_logits is not None:  # the whole pool's, computed once for every run on it
+            cache.preload(offpd_teacher_logits)
+    history: list[dict[str, Any]] = []
+    collapsed, collapse_step = False, None
+    bar = tqdm(range(cfg.steps), desc=desc or cfg.run_id, disable=not progress or rank > 0, leave=False)
+    with _fast_cpu_attention(work, teacher):
+        for step in bar:
+            t0, c0 = time.perf_counter(), time.process_time()
+            extra: dict[str, Any] = {}
+            arith.pull()
+            if cfg.policy == "off":
+                idx = [rng.randrange(len(offpd[0])) for _ in range(cfg.batch_size)][lo:hi]
+                problems = [offpd[0][i] for i in idx]
+                r, rm = pad_right([offpd[1][i] for i in idx], pad_id=codec.pad_id)
+                entropy = float("nan")
+            else:
+                problems = pool.sample(cfg.batch_size, rng)[lo:hi]
+            s_prompts = [codec.prompt(p.prompt) for p in problems]
+            t_prompts = [codec.prompt(tp(p), teacher_system) for p in problems] if separate_teacher_prompt else s_prompts
+            if cfg.policy != "off":
+                work.eval()
+                ro = sample(work, s_prompts, max_new, lam=cfg.lam, teacher=teacher, teacher_prompts=t_prompts,
+                            temperature=temp_s, teacher_temperature=temp_t, logratio_clip=cfg.logratio_clip,
+                            plausibility_alpha=cfg.plausibility_alpha, generator=gen, codec=codec,
+                            stop_early=world == 1)
+                r, rm = ro.tokens, ro.mask
+                ent_sum, ent_n = _sum_over_ranks([float((ro.entropy * rm).sum()), float(rm.sum())], device)
+                entropy = ent_sum / max(ent_n, 1.0)
+            t1 = time.perf_counter()
+            sp, spm = pad_left(s_prompts, codec.pad_id)
+            if cache is not None:
+                cached, hits = cache.batch(idx, r.shape[1])  # (B, R, V)
+                extra["teacher_cached"] = hits / len(idx)
+                t_logits_of = lambda i, j: cached[i:j]  # noqa: E731
+            else:
+                tpids, tpm = pad_left(t_prompts, codec.pad_id)
+
+                def t_logits_of(i: int, j: int) -> torch.Tensor:
+                    with torch.no_grad():
+                        return response_logits(teacher, tpids[i:j], tpm[i:j], r[i:j], rm[i:j], codec.vocab_size)
+            if cfg.warmup:
+                for g in opt.param_groups:
+                    g["lr"] = lr_at(step, cfg.lr, cfg.warmup)
+            opt.zero_grad(set_to_none=True)
+            if not work.training:
+                work.train()
+            (n_total,) = _sum_over_ranks([float(rm.sum())], device)
+            n_total = max(n_total, 1.0)
+            sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
+            arith.push()
+            gnorm = torch.nn.utils.clip_grad_norm_(params,
+                                                   cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
+            if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP2
+                gnorm = gnorm.full_tensor()
+            # the step's one read of the loss: sums and gradient norm together (clipping a
+            # non-finite gradient changes nothing that is kept: the run then stops unstepped)
+            *sums, gnorm_val = torch.cat([sums, gnorm.detach().double().reshape(1).to(sums.device)]).tolist()
+            loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
+            loss_val = loss_sum / n_total
+            if not math.isfinite(loss_val):
+                collapsed, collapse_step = True, step
+                history.append({"step": step, "loss": loss_val})
+                opt.zero_grad(set_to_none=True)
+                break
+            opt.step()
+            finite = math.isfinite(gnorm_val) and all_finite(params, world)
+            if world > 1:
+                (bad,) = _sum_over_ranks([0.0 if finite else 1.0], device)
+                finite = bad == 0.0
+            t2 = time.perf_counter()
+            history.append({"step": step, "loss": loss_val, "forward_kl": fkl_sum / n_total,
+                            "reverse_kl": rkl_sum / n_total, "grad_norm": gnorm_val, "entropy": entropy,
+                            "length": n_total / cfg.batch_size, "lr": opt.param_groups[0]["lr"],
+                            "time_s": t2 - t0, "cpu_s": time.process_time() - c0, **extra})
+            phase["rollout"] += t1 - t0
+            phase["step"] += t2 - t1
+            if not finite:
+                collapsed, collapse_step = True, step
+                break
+            bar.set_postfix(loss=f"{loss_val:.3f}")
+    opt.zero_grad(set_to_none=True)
+    student.eval()
+    del work, arith
+    return RunResult(history=history, collapsed=collapsed, collapse_step=collapse_step,
+                     wall_s=time.perf_counter() - t_start, phase_s=phase, optimizer=opt_name)

@@ -1,0 +1,630 @@
+"""Study parameters: YAML files under ``params/`` loaded into dataclasses.
+
+Defaults live here, in one visible place; a profile YAML overrides what it names. Unknown keys,
+wrong types and out-of-range values are rejected with a ``ConfigError`` naming the key path,
+the value and the valid choices, before any work starts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..core.schema import LOSS_KINDS, DFS_VARIANTS, DTYPES, FAMILIES, IMPORTABLE, PRESETS, TARGET_TASKS
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.2 booleans: only true/false (YAML 1.1 reads `off`/`on`, the policy names, as bools);
+    a key given twice in one mapping is an error (YAML would keep the last silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:bool"]
+                                   for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                              list("tTfF"))
+
+
+def read_yaml(text: str) -> Any:
+    """Parse YAML with 1.2-style booleans (see ``_Loader``)."""
+    return yaml.load(text, Loader=_Loader)
+
+
+class ConfigError(ValueError):
+    """A parameter file or override is invalid; the message names the key and the value."""
+
+
+# Upper bounds of sizes, one per kind of size, each with its reason: a larger value has no sensible
+# meaning in a study (a typo or a unit slip, such as --set distill.steps=100000000) and is refused
+# before any work. A field names its kind with ``bound=``.
+BOUNDS: dict[str, tuple[int, str]] = {
+    "steps": (100_000, "optimisation steps: the paper distils for 150 and runs GRPO for 300; kdlab's longest "
+                       "recipe, the 8,000-step countdown-3 teacher, takes three hours on a CPU"),
+    "batch": (4_096, "rows per optimisation step: the paper uses 32 prompts, kdlab's pretraining 64; 4,096 rollouts "
+                     "of the paper's 2,000-token traces do not fit in one GPU's memory"),
+    "tokens": (32_768, "tokens in one prompt or response: the paper's traces are at most 2,000 tokens and the "
+                       "longest context of the models it studies (Qwen2.5) is 32,768"),
+    "problems": (100_000, "problems or rollouts: twenty times the 5,000 training problems a run draws from "
+                          "(kdlab.study.runs.TRAIN_POOL) and far beyond any test set kdlab reads"),
+    "samples": (1_024, "samples per problem: the paper's coverage is pass@10 from 16 samples"),
+}
+
+
+def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, lo: float | None = None,
+       hi: float | None = None, factory: Any = None, doc: str = "", lo_open: bool = False, bound: str | None = None):
+    assert bound is None or bound in BOUNDS, bound
+    meta = {"choices": choices, "lo": lo, "hi": hi, "doc": doc, "lo_open": lo_open, "bound": bound}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+KL_KINDS = LOSS_KINDS
+DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # pretrained.device; a GPU asked for must exist (kdlab.study.preflight)
+POLICIES = ("off", "on")
+
+
+@dataclass
+class ModelSpec:
+    family: str = _f("llama", choices=FAMILIES)
+    size: str = _f("student-s", doc="a preset name from kdlab.models.toy.PRESETS")
+    seed: int = _f(0, lo=0)
+
+
+@dataclass
+class PretrainSpec:
+    """Supervised training of a student base or a teacher (see kdlab.engine.sft)."""
+    steps: int = _f(2000, lo=1, bound="steps")
+    batch_size: int = _f(64, lo=1, bound="batch")
+    lr: float = _f(1e-3, lo=0.0, lo_open=True, hi=1.0)
+    warmup: int = _f(100, lo=0, bound="steps")
+    probe_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each probe skill")
+    task_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each target task")
+    seed: int = _f(0, lo=0)
+    task_steps: dict[str, int] = _f(factory=dict, doc="teacher_pretrain only: steps for the teacher of a "
+                                    "given target task, overriding steps (e.g. {kb-mc: 2000})")
+    extra_tasks: dict[str, float] = _f(factory=dict, doc="student_pretrain only: {task: mixture weight} of tasks "
+                                       "outside the grid (e.g. the harder variant countdown-4) whose train-split traces "
+                                       "the student base also learns, so that a later stage on them (RLVR) has a signal")
+
+
+@dataclass
+class DistillSpec:
+    """Distillation runs (kdlab.engine.distill). The paper's training details and where kdlab's defaults
+    differ from them: docs/calibration.md section 15; params/paper*.yaml set the paper's values."""
+    steps: int = _f(150, lo=1, bound="steps")
+    batch_size: int = _f(32, lo=1, bound="batch", doc="prompts per optimisation step (one rollout each; the paper: 32)")
+    temperature: float = _f(1.0, lo=1e-3, hi=10.0, doc="rollout sampling temperature of a model whose own "
+                            "temperature (teacher_temperature / student_temperature) is null")
+    teacher_temperature: float | None = _f(None, lo=1e-3, hi=10.0, doc="the teacher's temperature in sampling "
+                                           "(OffPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 in "
+                                           "the loss (the paper's appendix as read: 0.5)")
+    student_temperature: float | None = _f(None, lo=1e-3, hi=10.0, doc="the student's temperature in sampling "
+                                           "(OnPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 in "
+                                           "the loss (the paper: 1.0)")
+    fused_adamw: bool = _f(False, doc="torch.optim.AdamW(fused=True) where the device supports it, else the default "
+                           "implementation (recorded per run as 'optimizer'); the paper: fused")
+    grad_clip: float | None = _f(1.0, lo=0.0, doc="max grad norm; null disables clipping")
+    dtype: str = _f("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
+    compute_dtype: str = _f("auto", choices=("auto",) + DTYPES, doc="arithmetic of the student's rollouts, "
+                            "forward and backward; the parameters, their updates and the optimizer stay in dtype. "
+                            "auto: fp32 on a CPU (bf16 matmuls without AMX are slower there), dtype elsewhere")
+    jsd_beta: float = _f(0.5, lo=0.0, hi=1.0)
+    sampled_direction: str = _f("reverse", choices=("forward", "reverse"),
+                                doc="the KL a sampled estimator (k1/k2/k3/sf) targets")
+    logratio_clip: float | None = _f(5.0, lo=0.0)
+    plausibility_alpha: float | None = _f(0.1, lo=0.0, hi=1.0)
+    offpd_pool: int = _f(2048, lo=1, bound="problems", doc="teacher rollouts sampled once and reused (OffPD)")
+    warmup: int = _f(0, lo=0, bound="steps", doc="learning-rate schedule: linear warm-up over this many steps, then constant "
+                     "(the paper: 10)")
+    weight_decay: float = _f(0.0, lo=0.0)
+
+
+@dataclass
+class EvalSpec:
+    n_test: int = _f(200, lo=1, bound="problems", doc="held-out problems per target task")
+    n_probe: int = _f(100, lo=1, bound="problems", doc="held-out problems per probe skill")
+    pass_n: int = _f(16, lo=1, bound="samples", doc="samples per problem for pass@k")
+    pass_problems: int = _f(50, lo=1, bound="problems", doc="problems used for pass@k")
+    pass_ks: list[int] = _f(factory=lambda: [1, 10], lo=1, bound="samples",
+                            doc="the k of the recorded pass@k (pass_at_<k>); those above pass_n are skipped")
+    temperature: float = _f(1.0, lo=1e-3, hi=10.0)
+    harder: list[str] = _f(factory=list, doc="harder variants evaluated too (e.g. countdown-4e)")
+    harder_pass: bool = _f(False, doc="also record pass@k (<variant>_pass_at_<k>) on the harder variants")
+
+
+@dataclass
+class GridSpec:
+    tasks: list[str] = _f(factory=lambda: ["countdown-3"])
+    policies: list[str] = _f(factory=lambda: ["off", "on"])
+    lambdas: list[float] = _f(factory=list, doc="extra lambda-spectrum points (task: first of tasks)")
+    lambda_tasks: list[str] = _f(factory=lambda: ["countdown-3"])
+    kls: list[str] = _f(factory=lambda: ["forward", "reverse"])
+    lrs: list[float] = _f(factory=lambda: [1e-4, 5e-4])
+    seeds: list[int] = _f(factory=lambda: [0, 1], lo=0)
+
+
+@dataclass
+class RLVRSpec:
+    """GRPO from distilled checkpoints (kdlab.engine.rlvr); see STUDY.md finding 11."""
+    enabled: bool = _f(False)
+    task: str = _f("countdown-4", choices=("countdown-3", "countdown-4", "countdown-4e"))
+    starts: list[str] = _f(factory=lambda: ["base", "off/forward/0", "off/reverse/0", "on/forward/0", "on/reverse/0"],
+                           doc="'base' or policy/kl/lr-index of distilled runs (first grid task, first seed); "
+                               "the study runner saves those runs' students and starts GRPO from each")
+    steps: int = _f(300, lo=1, bound="steps")
+    prompts_per_step: int = _f(16, lo=1, bound="batch")
+    group_size: int = _f(8, lo=2, bound="samples")
+    lr: float = _f(1e-5, lo=0.0, lo_open=True, hi=1.0)
+    clip_eps: float = _f(0.2, lo=1e-3, hi=1.0)
+    kl_coef: float = _f(0.0, lo=0.0)
+    temperature: float = _f(1.0, lo=1e-3, hi=10.0)
+    inner_epochs: int = _f(1, lo=1, bound="steps")
+    dtype: str = _f("bf16", choices=DTYPES)
+    grad_clip: float | None = _f(1.0, lo=0.0)
+    eval_every: int = _f(25, lo=0, bound="steps")
+    n_eval: int = _f(200, lo=1, bound="problems")
+    collapse_window: int = _f(20, lo=1, bound="steps")
+    collapse_drop: float = _f(0.2, lo=0.0, hi=1.0)
+    seeds: list[int] = _f(factory=lambda: [0], lo=0)
+
+
+@dataclass
+class StyleSpec:
+    """Incidental style transfer (kdlab.evaluation.style); see STUDY.md finding 12."""
+    enabled: bool = _f(False)
+    task: str = _f("countdown-3", choices=("countdown-3", "countdown-4", "countdown-4e"))
+    alt_share: float = _f(0.5, lo=0.01, hi=0.99, doc="share of the style teacher's task weight on the instructed style")
+    teacher_steps: int = _f(0, lo=0, bound="steps", doc="training steps of the style teacher; 0 = those of the task teacher "
+                            "of style.task (its adoption rate, not its accuracy, is what the runs need)")
+    n_test: int = _f(200, lo=1, bound="problems")
+    policies: list[str] = _f(factory=lambda: ["off", "on"], choices=("off", "on"))
+    kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=KL_KINDS)
+    lrs: list[float] = _f(factory=list, doc="learning rates of the style runs; [] = the grid's first (low) rate")
+    seeds: list[int] = _f(factory=lambda: [0], lo=0)
+
+
+REAL_KINDS = ("choice", "math")
+PLACEHOLDER = "/path/to/"  # the example profiles' stand-in for a local path
+COUNTDOWN_VARIANTS = tuple(t for t in TARGET_TASKS if t.startswith("countdown"))
+
+
+@dataclass
+class BenchmarkSpec:
+    """An evaluation-only file for forgetting (kdlab.tasks.real.load_benchmarks)."""
+    kind: str = _f("choice", choices=REAL_KINDS)
+    path: str = _f("", doc="local .jsonl / .json / .parquet file")
+    name: str = _f("", doc="benchmark name; '' = the file stem")
+    limit: int = _f(0, lo=0, bound="problems", doc="read only the first N rows; 0 = all")
+    max_new_tokens: int = _f(2048, lo=1, bound="tokens")
+
+
+@dataclass
+class PretrainedTaskSpec:
+    """One target task at paper scale: data files and its fine-tuned, frozen teacher."""
+    name: str = _f("", doc="the name grid.tasks / grid.lambda_tasks use")
+    kind: str = _f("choice", choices=REAL_KINDS + ("countdown",),
+                   doc="choice / math: data files; countdown: kdlab's generator in natural language, name = the variant")
+    train: str = _f("", doc="training file; its 'train' split (split_of on a content hash) is used")
+    test: str = _f("", doc="held-out evaluation file (all rows); '' = the train file's 'test' split")
+    teacher: str = _f("", doc="local HF checkpoint directory of this task's teacher, or 'sft' (built by kdlab: "
+                      "pretrained.teacher_sft on the student's base)")
+    max_new_tokens: int = _f(2048, lo=1, bound="tokens")
+
+
+@dataclass
+class SFTSpec:
+    """Supervised fine-tuning of a real base on its tasks' reference solutions (kdlab.study.recipes)."""
+    steps: int = _f(0, lo=0, bound="steps", doc="0 = no fine-tuning")
+    batch_size: int = _f(16, lo=1, bound="batch")
+    lr: float = _f(1e-4, lo=0.0, lo_open=True, hi=1.0)
+    warmup: int = _f(10, lo=0, bound="steps")
+    micro_batch_size: int = _f(0, lo=0, bound="batch", doc="rows per forward/backward; 0 = the whole batch")
+    seed: int = _f(0, lo=0)
+    probes: float = _f(0.0, lo=0.0, hi=0.9, doc="share of each batch drawn from the seven probe skills in natural "
+                       "language (their train split), so the forgetting set starts above its floor, as the toy "
+                       "models are trained with probes mixed in")
+
+
+@dataclass
+class PretrainedSpec:
+    """Real checkpoints and datasets from local paths. student '' = toy models."""
+    student: str = _f("", doc="local HF checkpoint directory of the student base, or the name of a model kdlab "
+                      f"imports from a package ({', '.join(IMPORTABLE)})")
+    student_sft: SFTSpec = _f(factory=SFTSpec, doc="a short fine-tuning of the base on the grid's tasks (a foothold "
+                              "on the task format, as the toy student base has); steps 0 = the base itself")
+    teacher_sft: SFTSpec = _f(factory=lambda: SFTSpec(steps=200), doc="recipe of the teachers named 'sft': the base "
+                              "fine-tuned on its task's reference solutions, then frozen")
+    tasks: list[PretrainedTaskSpec] = _f(factory=list)
+    benchmarks: list[BenchmarkSpec] = _f(factory=list, doc="forgetting: out-of-distribution evaluation files")
+    probes: bool = _f(False, doc="forgetting: also the seven probe skills asked in natural language "
+                      "(kdlab.tasks.probes.NaturalProbe)")
+    n_benchmark: int = _f(0, lo=0, bound="problems", doc="problems per benchmark; 0 = all")
+    device: str = _f("auto", doc="auto (a GPU when one is visible), cpu, cuda or cuda:N; a GPU asked for must exist "
+                     "(kdlab.study.preflight)")
+    gradient_checkpointing: bool = _f(True)
+    micro_batch_size: int = _f(0, lo=0, bound="batch", doc="rows per forward/backward (gradient accumulation); "
+                               "0 = whole batch")
+    kl_chunk_size: int = _f(0, lo=0, doc="chunked full-vocabulary KL (kdlab.core.kl); 0 = off")
+    max_prompt_tokens: int = _f(1024, lo=1, bound="tokens", doc="longer prompts are an error, not truncated")
+    teacher_system_prompt: str = _f("", doc="style experiment: a system prompt only the teacher sees")
+    ray_address: str = _f("", doc="run the grid on this Ray cluster ('auto', 'host:port'); '' = local workers")
+    gpus_per_run: float = _f(1.0, lo=0.0, doc="GPUs per run on Ray (0 on a CPU-only cluster regardless)")
+
+
+@dataclass
+class Profile:
+    name: str = _f("quick")
+    trace: str = _f("steps", choices=("direct", "steps", "search", "dfs"), doc="countdown trace style (dfs: countdown-3 only)")
+    student: ModelSpec = _f(factory=lambda: ModelSpec(size="student-s"))
+    teacher: ModelSpec = _f(factory=lambda: ModelSpec(size="teacher-s"))
+    student_pretrain: PretrainSpec = _f(factory=PretrainSpec)
+    teacher_pretrain: PretrainSpec = _f(factory=PretrainSpec)
+    distill: DistillSpec = _f(factory=DistillSpec)
+    eval: EvalSpec = _f(factory=EvalSpec)
+    grid: GridSpec = _f(factory=GridSpec)
+    pretrained: PretrainedSpec = _f(factory=PretrainedSpec)
+    rlvr: RLVRSpec = _f(factory=RLVRSpec)
+    style: StyleSpec = _f(factory=StyleSpec)
+    data_seed: int = _f(0, lo=0)
+    threads: int = _f(0, lo=0, doc="torch threads per run; 0 = choose from cores and workers")
+    companions: dict[str, Any] = _f(factory=dict, doc="robustness variants: {suffix: overrides}; each runs this "
+                                    "profile's main grid with the overrides as study <name>-<suffix> (see companion_profile)")
+
+
+def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
+    """Check (and lightly coerce) ``value`` against a type hint; returns (ok, value)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, v = _type_ok(value, arg)
+            if ok:
+                return True, v
+        return False, value
+    if tp is type(None):
+        return value is None, value
+    if tp is bool:
+        return isinstance(value, bool), value
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool), value
+    if tp is float:
+        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
+            try:
+                return True, float(value)
+            except ValueError:
+                return False, value
+        return isinstance(value, (int, float)) and not isinstance(value, bool), float(value) if isinstance(value, (int, float)) else value
+    if tp is str:
+        return isinstance(value, str), value
+    if origin is dict:
+        return isinstance(value, dict), value
+    if origin is list:
+        if not isinstance(value, list):
+            return False, value
+        (arg,) = typing.get_args(tp)
+        out = []
+        for item in value:
+            ok, v = _type_ok(item, arg)
+            if not ok:
+                return False, value
+            out.append(v)
+        return True, out
+    return isinstance(value, tp), value
+
+
+def _type_name(tp: Any) -> str:
+    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, validating every key (recursively)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'params'}: expected a mapping, got {type(data).__name__} {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key {path + unknown[0]!r}; valid keys here: {sorted(fields)}")
+    kwargs = {}
+    for name, value in data.items():
+        key = path + name
+        tp, meta = hints[name], fields[name].metadata
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = from_dict(tp, value, key + ".")
+            continue
+        if typing.get_origin(tp) is list and dataclasses.is_dataclass(typing.get_args(tp)[0]):
+            if not isinstance(value, list):
+                raise ConfigError(f"{key}: {value!r} has the wrong type; expected a list of mappings")
+            kwargs[name] = [from_dict(typing.get_args(tp)[0], item, f"{key}[{i}].") for i, item in enumerate(value)]
+            continue
+        ok, value = _type_ok(value, tp)
+        if not ok:
+            raise ConfigError(f"{key}: {value!r} has the wrong type; expected {_type_name(tp)}")
+        _check_range(key, value, meta)
+        kwargs[name] = value
+    obj = cls(**kwargs)
+    return obj
+
+
+def _check_range(key: str, value: Any, meta: Any) -> None:
+    items = value if isinstance(value, list) else [value]
+    for v in items:
+        if v is None:
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ConfigError(f"{key}: {v!r} is not a finite number")
+        if meta.get("lo_open") and v <= meta["lo"]:
+            raise ConfigError(f"{key}: {v!r} must be above {meta['lo']}")
+        if meta.get("choices") and v not in meta["choices"]:
+            raise ConfigError(f"{key}: {v!r} is not a valid choice; choose from {list(meta['choices'])}")
+        if meta.get("lo") is not None and v < meta["lo"]:
+            raise ConfigError(f"{key}: {v!r} is below the minimum {meta['lo']}")
+        if meta.get("hi") is not None and v > meta["hi"]:
+            raise ConfigError(f"{key}: {v!r} is above the maximum {meta['hi']}")
+        if meta.get("bound") is not None:
+            _check_bound(key, v, meta["bound"])
+
+
+def _check_bound(key: str, value: Any, kind: str) -> None:
+    """``ConfigError`` when ``value`` is above the bound of its kind of size (``BOUNDS``)."""
+    top, why = BOUNDS[kind]
+    if value > top:
+        raise ConfigError(f"{key}: {value!r} is above the bound {top:,} ({why})")
+
+
+def validate_profile(p: Profile) -> Profile:
+    """Cross-field checks that single fields cannot express."""
+
+    for role in ("student", "teacher"):
+        size = getattr(p, role).size
+        if size not in PRESETS:
+            raise ConfigError(f"{role}.size: {size!r} is not a valid choice; choose from {sorted(PRESETS)}")
+    pre = p.pretrained
+    if not DEVICE.fullmatch(pre.device):
+        raise ConfigError(f"pretrained.device: {pre.device!r} is not a device; choose auto, cpu, cuda or cuda:N "
+                          "(N: a GPU index, from 0)")
+    if pre.student:
+        names = [t.name for t in pre.tasks]
+        if not names or len(set(names)) != len(names) or "" in names:
+            raise ConfigError(f"pretrained.tasks: needs at least one task, each with a unique non-empty name; got {names}")
+        for i, t in enumerate(pre.tasks):
+            if t.kind == "countdown":
+                if t.name not in COUNTDOWN_VARIANTS:
+                    raise ConfigError(f"pretrained.tasks[{i}].name: {t.name!r}: a countdown task is named by its variant, "
+                                      f"one of {list(COUNTDOWN_VARIANTS)}")
+                if t.train or t.test:
+                    raise ConfigError(f"pretrained.tasks[{i}]: a countdown task is generated, it reads no train/test files")
+            for fld in ("teacher",) if t.kind == "countdown" else ("train", "teacher"):
+                if not getattr(t, fld):
+                    raise ConfigError(f"pretrained.tasks[{i}].{fld}: must be a local path, got ''")
+        for i, b in enumerate(pre.benchmarks):
+            if not b.path:
+                raise ConfigError(f"pretrained.benchmarks[{i}].path: must be a local path, got ''")
+        if not pre.benchmarks and not pre.probes:
+            raise ConfigError("pretrained.benchmarks: needs at least one evaluation file, or pretrained.probes: true "
+                              "(forgetting is the change of the mean score over them)")
+        valid = names + ([v for v in COUNTDOWN_VARIANTS if v not in names]
+                         if any(t.kind == "countdown" for t in pre.tasks) else [])
+    else:
+        valid = list(TARGET_TASKS)
+    if p.student_pretrain.task_steps:
+        raise ConfigError(f"student_pretrain.task_steps: only teachers have per-task schedules; got {p.student_pretrain.task_steps}")
+    if p.teacher_pretrain.extra_tasks:
+        raise ConfigError(f"teacher_pretrain.extra_tasks: only the student base learns extra tasks; got {p.teacher_pretrain.extra_tasks}")
+    for t, w in p.student_pretrain.extra_tasks.items():
+        if t not in TARGET_TASKS:
+            raise ConfigError(f"student_pretrain.extra_tasks: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")
+        if t in p.grid.tasks + p.grid.lambda_tasks:
+            raise ConfigError(f"student_pretrain.extra_tasks: {t!r} is already a target task of the grid (the student base learns it anyway)")
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not w > 0:
+            raise ConfigError(f"student_pretrain.extra_tasks.{t}: {w!r} must be a mixture weight > 0")
+    for t, n in p.teacher_pretrain.task_steps.items():
+        if t not in TARGET_TASKS:
+            raise ConfigError(f"teacher_pretrain.task_steps: {t!r} is not a valid choice; choose from {list(TARGET_TASKS)}")
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ConfigError(f"teacher_pretrain.task_steps.{t}: {n!r} must be an integer >= 1")
+        _check_bound(f"teacher_pretrain.task_steps.{t}", n, "steps")
+    for t in p.grid.tasks + p.grid.lambda_tasks + p.eval.harder:
+        if t not in valid:
+            raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {valid}")
+    for pol in p.grid.policies:
+        if pol not in POLICIES:
+            raise ConfigError(f"grid.policies: {pol!r} is not a valid choice; choose from {list(POLICIES)}")
+    for kl in p.grid.kls:
+        if kl not in KL_KINDS:
+            raise ConfigError(f"grid.kls: {kl!r} is not a valid choice; choose from {list(KL_KINDS)}")
+    for lam in p.grid.lambdas:
+        if not -3.0 <= lam <= 3.0:
+            raise ConfigError(f"grid.lambdas: {lam!r} is outside [-3, 3]")
+    for lr in p.grid.lrs:
+        if not 0 < lr < 1:
+            raise ConfigError(f"grid.lrs: {lr!r} must be in (0, 1)")
+    if not p.grid.seeds:
+        raise ConfigError("grid.seeds: must list at least one seed")
+    if not p.eval.pass_ks:
+        raise ConfigError("eval.pass_ks: must list at least one k")
+    if p.rlvr.enabled:
+        for start in p.rlvr.starts:
+            parse_start(p, start)
+    for lr in p.style.lrs:
+        if not 0 < lr < 1:
+            raise ConfigError(f"style.lrs: {lr!r} must be in (0, 1)")
+    if p.style.enabled and p.trace not in ("steps", "search"):
+        raise ConfigError(f"style.enabled: needs countdown traces in style 'steps' or 'search', got trace {p.trace!r}")
+    if p.trace == "dfs":
+        _check_dfs_tasks(p)
+    for suffix in p.companions:
+        companion_profile(p, suffix)
+    return p
+
+
+def _check_dfs_tasks(p: Profile) -> None:
+    """trace 'dfs' is defined for short countdown variants only (kdlab.core.schema.DFS_VARIANTS)."""
+    used = [("grid.tasks", t) for t in p.grid.tasks] + [("eval.harder", t) for t in p.eval.harder]
+    used += [("grid.lambda_tasks", t) for t in p.grid.lambda_tasks if p.grid.lambdas]
+    used += [("student_pretrain.extra_tasks", t) for t in p.student_pretrain.extra_tasks]
+    if p.rlvr.enabled:
+        used.append(("rlvr.task", p.rlvr.task))
+    for key, task in used:
+        if task.startswith("countdown") and task not in DFS_VARIANTS:
+            raise ConfigError(f"{key}: {task!r} cannot be used with trace 'dfs', which is defined for "
+                              f"{list(DFS_VARIANTS)} only (its traces for more numbers outgrow the models' positions)")
+
+
+def parse_start(profile: Profile, start: str) -> tuple[str, str, float] | None:
+    """An ``rlvr.starts`` entry: None for "base", else (policy, kl, lr) of the distilled run it names
+    ("off/forward/0": OffPD, forward KL, the grid's first learning rate)."""
+    if start == "base":
+        return None
+    parts = start.split("/")
+    if len(parts) != 3 or not parts[2].isdigit():
+        raise ConfigError(f"rlvr.starts: {start!r} is not 'base' or 'policy/kl/lr-index' (e.g. 'off/forward/0')")
+    policy, kl, index = parts[0], parts[1], int(parts[2])
+    if policy not in profile.grid.policies:
+        raise ConfigError(f"rlvr.starts: {start!r}: policy {policy!r} is not in grid.policies {profile.grid.policies}")
+    if kl not in profile.grid.kls:
+        raise ConfigError(f"rlvr.starts: {start!r}: kl {kl!r} is not in grid.kls {profile.grid.kls}")
+    if index >= len(profile.grid.lrs):
+        raise ConfigError(f"rlvr.starts: {start!r}: lr index {index} is out of range for grid.lrs {profile.grid.lrs}")
+    return policy, kl, profile.grid.lrs[index]
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge key by key, anything else (lists too) replaces."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+# What a companion study never runs: its sections compare its main grid with this study's.
+COMPANION_OFF = {"rlvr": {"enabled": False}, "style": {"enabled": False}, "grid": {"lambdas": []}}
+
+
+def companion_profile(profile: Profile, suffix: str) -> Profile:
+    """The robustness study ``companions[suffix]`` of ``profile``: the profile's settings with the
+    companion's overrides (nested mappings, validated like a profile), named
+    ``<profile.name>-<suffix>``, running the main grid only (no RLVR, style, lambda spectrum or
+    companions of its own)."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", suffix):
+        raise ConfigError(f"companions: {suffix!r} must be a plain name (letters, digits, '_', '.', '-')")
+    over = profile.companions[suffix]
+    if not isinstance(over, dict):
+        raise ConfigError(f"companions.{suffix}: expected a mapping of overrides, got {type(over).__name__} {over!r}")
+    if "name" in over or "companions" in over:
+        raise ConfigError(f"companions.{suffix}: may not set 'name' or 'companions' (the study is {profile.name}-{suffix})")
+    data = _deep_merge(_deep_merge(to_dict(profile), over), {**COMPANION_OFF, "name": f"{profile.name}-{suffix}"})
+    data["companions"] = {}
+    try:
+        return validate_profile(from_dict(Profile, data))
+    except ConfigError as e:
+        raise ConfigError(f"companions.{suffix}: {e}") from None
+
+
+def read_profile_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The mapping of a profile file, with ``extends: OTHER.yaml`` resolved.
+
+    ``extends`` names another profile file (relative to this file's folder); this file's keys are
+    merged on top of it (mappings key by key, lists and values replace), recursively. The merged
+    mapping is validated as a whole by ``load_profile``, so an unknown key in either file fails.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"parameter file {path} does not exist")
+    if path.is_dir():
+        inside = sorted(p.name for p in path.glob("*.yaml"))
+        raise ConfigError(f"parameter file {path} is a directory; give a profile file"
+                          + (f" in it: {', '.join(inside[:8])}{', ...' if len(inside) > 8 else ''}" if inside else ""))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"parameter file {path} cannot be read ({e.strerror or e}); check its permissions") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"parameter file {path} is not UTF-8 text (byte {e.start}); give a YAML profile") from None
+    try:
+        data = read_yaml(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    if data is None:
+        raise ConfigError(f"{path}: the profile is empty (a study needs at least its name)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    parent = data.pop("extends", None)
+    if parent is None:
+        return data
+    if not isinstance(parent, str) or not parent:
+        raise ConfigError(f"{path}: extends: {parent!r} must be the path of another profile file")
+    parent_path = (path.parent / parent).resolve()
+    if parent_path in _seen or parent_path == path.resolve():
+        raise ConfigError(f"{path}: extends: {parent!r} makes a cycle ({' -> '.join(str(p) for p in (*_seen, parent_path))})")
+    try:
+        base = read_profile_data(parent_path, (*_seen, path.resolve()))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: extends: {parent!r}: {e}") from None
+    return _deep_merge(base, data)
+
+
+def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> Profile:
+    """Load and validate a profile YAML (``extends`` resolved, plus dotted-key ``overrides``)."""
+    path = Path(path)
+    data = read_profile_data(path)
+    for dotted, value in (overrides or {}).items():
+        node = data
+        *parents, last = dotted.split(".")
+        for i, part in enumerate(parents):
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{path}: --set {dotted}: {'.'.join(parents[:i + 1])} is not a mapping "
+                                  f"(it holds {node!r}); set it whole, e.g. --set {'.'.join(parents[:i + 1])}=[...]")
+        node[last] = value
+    try:
+        return validate_profile(from_dict(Profile, data))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def dropped_values(p: Profile) -> list[str]:
+    """What the study drops or collapses from the profile as written, one phrase each: a value a
+    list names twice (its runs or evaluations happen once) and the ``eval.pass_ks`` above
+    ``eval.pass_n`` (no pass@k is recorded for them). The profile stays valid; the study says it."""
+    out = []
+    for key, values in _lists(p):
+        twice = list(dict.fromkeys(values[values.index(v)] for i, v in enumerate(values) if v in values[:i]))
+        if twice:
+            out.append(f"{key} lists {', '.join(repr(v) for v in twice)} more than once (done once)")
+    above = [k for k in dict.fromkeys(p.eval.pass_ks) if k > p.eval.pass_n]
+    if above:
+        out.append(f"eval.pass_ks {above} {'is' if len(above) == 1 else 'are'} above eval.pass_n {p.eval.pass_n} "
+                   f"(no {', '.join(f'pass@{k}' for k in above)} recorded)")
+    return out
+
+
+def _lists(obj: Any, path: str = "") -> list[tuple[str, list]]:
+    """(dotted key, value) of every list of plain values in a profile (lists of mappings excluded)."""
+    out = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out += _lists(value, f"{path}{f.name}.")
+        elif isinstance(value, list) and not any(dataclasses.is_dataclass(v) for v in value):
+            out.append((path + f.name, value))
+    return out
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    return dataclasses.asdict(obj)

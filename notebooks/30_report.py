@@ -45,11 +45,8 @@ if len(failures):
 
 # %% [markdown]
 # ## Findings scoreboard
-# Each numbered finding of STUDY.md, tested on this study, one verdict per claim: a finding whose
-# sentence makes several claims is split into parts (2a, 2b, ...), each with its claim, verdict,
-# statistic (points = percentage points; a share is shown in %) and 95% interval, and the
-# finding's own line counts the parts that hold ("1 of 2 parts reproduced") instead of letting one
-# part speak for all. Section *Statistics* below gives each test and every part of the evidence.
+# One verdict per claim of STUDY.md's findings: a compound finding's line counts its parts (2a, 2b, ...) that
+# hold; points = percentage points. Each test and its evidence: section *Statistics* below.
 
 # %%
 board = P.scoreboard_view(study_dir)

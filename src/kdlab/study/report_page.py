@@ -115,6 +115,8 @@ def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
 
 
 SCOREBOARD_CLASS = "kdlab-scoreboard"  # the first screen's table: never folded (collapse_long_tables)
+# compact rows, claims on one line: one row per claim (about 30 in quick) still fits the first screen
+SCOREBOARD_CELL = "text-align: left; vertical-align: top; font-size: 12px; line-height: 1.25; padding: 2px 6px"
 
 
 def scoreboard_html(view: pd.DataFrame) -> Any:
@@ -130,7 +132,9 @@ def scoreboard_html(view: pd.DataFrame) -> Any:
 
     styler = (view.style.apply(style, axis=1)
               .set_table_attributes(f'class="dataframe {SCOREBOARD_CLASS}"')
-              .set_table_styles([{"selector": "td, th", "props": "text-align: left; vertical-align: top"}])
+              .set_table_styles([{"selector": "td, th", "props": SCOREBOARD_CELL},
+                                 {"selector": "td:nth-child(2), td:last-child", "props": "white-space: nowrap"}])
+              .hide(axis="index", names=True)  # no header row of its own for the index name
               .map_index(lambda label: "" if str(label).isdigit() else "padding-left: 1.5em", axis=0))
     return HTML(styler.to_html())
 

@@ -62,7 +62,8 @@ def next_token(student_last: torch.Tensor | None, teacher_last: torch.Tensor | N
     # a diverged row samples the stop id; branch-free, so the decode loop never waits on the host
     bad = ~torch.isfinite(logp).any(-1, keepdim=True)  # (B, 1)
     stop_row = torch.full_like(logp[:1], -math.inf)
-    stop_row[:, stop_id] = 0.0
+    # a stop id beyond the logits (one no model can emit) cannot end a diverged row: it gets id 0
+    stop_row[:, stop_id if 0 <= stop_id < logp.shape[-1] else 0] = 0.0
     logp = torch.where(bad, stop_row, logp)
     p = logp.exp()
     ent = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
@@ -367,6 +368,7 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     if not stop_ids:
         raise ValueError("eos_id must name at least one stop id, got an empty sequence")
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    guard_id = next((i for i in stop_ids if vocab_size is None or i < vocab_size), stop_ids[0])  # a diverged row's
     # Whether every row has stopped is a host read: each step on a CPU (free there), every
     # STOP_CHECK steps elsewhere (a GPU then queues steps without waiting); the columns decoded
     # after the last row stopped are cut off, so the rollout is the same either way.
@@ -383,7 +385,7 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     for step in range(max_new_tokens):
         tok, ent = next_token(steppers["s"].last if need_s else None, steppers["t"].last if need_t else None, lam,
                               temp, greedy=greedy, logratio_clip=logratio_clip,
-                              plausibility_alpha=plausibility_alpha, stop_id=stop_ids[0], generator=generator,
+                              plausibility_alpha=plausibility_alpha, stop_id=guard_id, generator=generator,
                               teacher_temp=t_temp)
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         alive.append(~done)

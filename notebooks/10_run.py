@@ -23,7 +23,7 @@
 # %% tags=["parameters"]
 params = "../params/tiny.yaml"  # profile YAML (the study runner passes the study's resolved params.yaml)
 outputs = "../outputs"  # outputs root (models under outputs/models)
-run = {}  # the whole run configuration (kdlab.engine.distill.RunConfig as a mapping, as the study runner passes
+run = {}  # the whole run configuration (kdlab.engine.run_config.RunConfig as a mapping, as the study runner passes
 # it); {} = the profile's first grid cell; a partial mapping overrides that cell's fields
 out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id> (style runs: outputs/<study>/style/<run_id>)
 threads = 0  # torch threads (0: leave torch's default)

@@ -96,7 +96,7 @@ def test_bad_config_values_are_named():
 def test_training_details_default_to_kdlab_behaviour():
     """Unset, the new parameters change nothing: sampling at ``temperature``, loss at 1, default
     AdamW, constant lr without warm-up."""
-    from kdlab.engine.optim import lr_at, make_adamw
+    from kdlab.engine.trainer import lr_at, make_adamw
 
     cfg = RunConfig(temperature=0.8)
     assert cfg.sample_temperatures() == (0.8, 0.8) and cfg.loss_temperatures() == (1.0, 1.0)
@@ -167,7 +167,8 @@ def test_fp32_arithmetic_on_bf16_parameters_is_one_rounded_adamw_step(setup):
 
     from kdlab.engine.batching import pad_left, pad_right, response_logits
     from kdlab.models.codec import CHAR
-    from kdlab.engine.precision import _fast_cpu_attention, compute_dtype_of
+    from kdlab.engine.cpu import _fast_cpu_attention
+    from kdlab.engine.trainer import compute_dtype_of
     from kdlab.core.kl import kl_loss
 
     task, _, teacher, (problems, responses) = setup
@@ -212,7 +213,7 @@ def test_bf16_and_fp32_arithmetic_agree_to_bf16_precision(setup):
 
 def test_all_finite_finds_one_bad_value_among_many_tensors():
     """The fused max-abs check agrees with a per-tensor isfinite, for NaN, +inf and -inf."""
-    from kdlab.engine.optim import all_finite
+    from kdlab.engine.trainer import all_finite
 
     params = [torch.nn.Parameter(torch.randn(5, 7, dtype=torch.bfloat16) * 1e30) for _ in range(4)]
     assert all_finite(params, 1) and all_finite(params, 2)
@@ -228,7 +229,7 @@ def test_keep_freed_heap_takes_effect_with_glibc():
     """On Linux (glibc) the allocator accepts the setting; elsewhere it is a no-op that says so."""
     import platform
 
-    from kdlab.engine.precision import keep_freed_heap
+    from kdlab.engine.cpu import keep_freed_heap
 
     took = keep_freed_heap()
     assert isinstance(took, bool)

@@ -33,8 +33,8 @@ from .rollout import sample
 from ..tasks.base import Problem, Task
 from ..core.dtypes import DTYPES
 from .offpd import _OffPDTeacherLogits
-from .optim import all_finite, lr_at, make_adamw
-from .precision import _Arithmetic, _fast_cpu_attention, compute_dtype_of, keep_freed_heap, upcast
+from .cpu import _fast_cpu_attention, keep_freed_heap
+from .trainer import Arithmetic, Trainer, compute_dtype_of, upcast
 from .ranks import _sum_over_ranks, _world
 from .run_config import RunConfig, RunResult
 
@@ -75,7 +75,7 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
                        sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None, samples=samples)
         n_m = float(rm.sum())  # rm is on the host
         weight = world * n_m / n_total
-        (loss if weight == 1.0 else loss * weight).backward()
+        Trainer.backward(loss, weight)
         with torch.no_grad():
             fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
             part = torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()])
@@ -116,7 +116,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     if next(student.parameters()).dtype != DTYPES[cfg.dtype]:
         student.to(DTYPES[cfg.dtype])
     device = next(student.parameters()).device
-    arith = _Arithmetic(student, compute_dtype_of(cfg, device), world)
+    arith = Arithmetic(student, compute_dtype_of(cfg, device), world)
     work = arith.model  # samples, forward, backward
     teacher = upcast(teacher, next(work.parameters()).dtype, world)
     teacher.eval()
@@ -129,7 +129,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     tp = teacher_prompt or (lambda p: p.prompt)
     separate_teacher_prompt = teacher_prompt is not None or bool(teacher_system)
     params = list(student.parameters())
-    opt, opt_name = make_adamw(params, cfg.lr, cfg.weight_decay, cfg.fused_adamw)
+    trainer = Trainer(params, cfg.lr, weight_decay=cfg.weight_decay, fused=cfg.fused_adamw, warmup=cfg.warmup,
+                      grad_clip=cfg.grad_clip, world=world)
     temp_s, temp_t = cfg.sample_temperatures()
     sf_gens: dict[str, torch.Generator] = {}
 
@@ -181,20 +182,15 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 def t_logits_of(i: int, j: int) -> torch.Tensor:
                     with torch.no_grad():
                         return response_logits(teacher, tpids[i:j], tpm[i:j], r[i:j], rm[i:j], codec.vocab_size)
-            if cfg.warmup:
-                for g in opt.param_groups:
-                    g["lr"] = lr_at(step, cfg.lr, cfg.warmup)
-            opt.zero_grad(set_to_none=True)
+            trainer.set_lr(step)
+            trainer.zero_grad()
             if not work.training:
                 work.train()
             (n_total,) = _sum_over_ranks([float(rm.sum())], device)
             n_total = max(n_total, 1.0)
             sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
             arith.push()
-            gnorm = torch.nn.utils.clip_grad_norm_(params,
-                                                   cfg.grad_clip if cfg.grad_clip is not None else float("inf"))
-            if hasattr(gnorm, "full_tensor"):  # a DTensor under FSDP2
-                gnorm = gnorm.full_tensor()
+            gnorm = trainer.clip()
             # the step's one read of the loss: sums and gradient norm together (clipping a
             # non-finite gradient changes nothing that is kept: the run then stops unstepped)
             *sums, gnorm_val = torch.cat([sums, gnorm.detach().double().reshape(1).to(sums.device)]).tolist()
@@ -203,17 +199,17 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             if not math.isfinite(loss_val):
                 collapsed, collapse_step = True, step
                 history.append({"step": step, "loss": loss_val})
-                opt.zero_grad(set_to_none=True)
+                trainer.zero_grad()
                 break
-            opt.step()
-            finite = math.isfinite(gnorm_val) and all_finite(params, world)
+            trainer.step()
+            finite = math.isfinite(gnorm_val) and trainer.params_finite()
             if world > 1:
                 (bad,) = _sum_over_ranks([0.0 if finite else 1.0], device)
                 finite = bad == 0.0
             t2 = time.perf_counter()
             history.append({"step": step, "loss": loss_val, "forward_kl": fkl_sum / n_total,
                             "reverse_kl": rkl_sum / n_total, "grad_norm": gnorm_val, "entropy": entropy,
-                            "length": n_total / cfg.batch_size, "lr": opt.param_groups[0]["lr"],
+                            "length": n_total / cfg.batch_size, "lr": trainer.current_lr,
                             "time_s": t2 - t0, "cpu_s": time.process_time() - c0, **extra})
             phase["rollout"] += t1 - t0
             phase["step"] += t2 - t1
@@ -221,8 +217,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 collapsed, collapse_step = True, step
                 break
             bar.set_postfix(loss=f"{loss_val:.3f}")
-    opt.zero_grad(set_to_none=True)
+    trainer.zero_grad()
     student.eval()
     del work, arith
     return RunResult(history=history, collapsed=collapsed, collapse_step=collapse_step,
-                     wall_s=time.perf_counter() - t_start, phase_s=phase, optimizer=opt_name)
+                     wall_s=time.perf_counter() - t_start, phase_s=phase, optimizer=trainer.name)

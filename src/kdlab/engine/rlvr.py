@@ -32,7 +32,7 @@ from .batching import pad_left, response_logits
 from ..models.codec import CHAR
 from .data import ProblemPool
 from ..core.dtypes import DTYPES
-from .optim import all_finite
+from .trainer import Trainer
 from ..core.kl import sampled_kl
 from .rollout import sample
 from ..tasks.base import Problem, Task
@@ -337,7 +337,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         ref = copy.deepcopy(model).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.999), eps=1e-8)
+    trainer = Trainer(model.parameters(), cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
 
     def evaluate() -> float | None:
         if eval_fn is None:
@@ -373,6 +373,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         logp_old = None
         loss_val, stats, gnorm = float("nan"), {}, float("nan")
         model.train()
+        trainer.set_lr(step)  # constant: GRPO has no warm-up
         for _epoch in range(cfg.inner_epochs):
             logp_new = _sequence_logprobs(model, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
             if logp_old is None:  # the sampling policy: ratio exactly 1 on the first epoch
@@ -383,16 +384,15 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
             if not math.isfinite(loss_val):
                 nan_stop = True
                 break
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = float(torch.nn.utils.clip_grad_norm_(
-                model.parameters(), cfg.grad_clip if cfg.grad_clip is not None else float("inf")))
+            trainer.zero_grad()
+            trainer.backward(loss)
+            gnorm = float(trainer.clip())
             if not math.isfinite(gnorm):
                 nan_stop = True
                 break
-            opt.step()
+            trainer.step()
         model.eval()
-        if not nan_stop and not all_finite(list(model.parameters())):
+        if not nan_stop and not trainer.params_finite():
             nan_stop = True
         t2 = time.perf_counter()
         phase["rollout"] += t1 - t0

@@ -2,13 +2,13 @@
 
 This is how kdlab makes its models: a mixture of tasks (target tasks and probe skills) with
 weights, next-token cross-entropy on completion tokens only, AdamW with warmup and cosine decay,
-fp32 master weights under bf16 autocast. The same loop trains kdlab's toy models (char
+fp32 master weights under bf16 autocast. The loss and the batch source are here; the optimiser,
+schedule, accumulation and clipping are ``kdlab.engine.trainer``'s. The same loop trains kdlab's toy models (char
 tokenizer) and real checkpoints (``codec``: a Hugging Face tokenizer with its chat template,
 micro-batches). Distillation lives in ``kdlab.engine.distill``.
 """
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from .batching import pad_left, pad_right, response_logits
 from ..models.codec import CHAR
 from .data import ProblemPool
+from .trainer import Trainer, cosine_lr_at
 from ..tasks.base import Task
 
 
@@ -36,11 +37,20 @@ class SFTSchedule:
     micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = the whole batch
 
 
+SFT_BETAS = (0.9, 0.98)
+
+
+def sft_trainer(model: torch.nn.Module, sched: SFTSchedule, optimizer: torch.optim.Optimizer | None = None) -> Trainer:
+    """SFT's trainer: AdamW (betas 0.9 / 0.98), linear warm-up then cosine decay to
+    ``min_lr_ratio``, gradients clipped to norm 1; ``optimizer``: one to continue (a resumed run)."""
+    return Trainer(model.parameters(), sched.lr, weight_decay=sched.weight_decay, betas=SFT_BETAS, schedule="cosine",
+                   warmup=sched.warmup, total_steps=sched.steps, min_lr_ratio=sched.min_lr_ratio, grad_clip=1.0,
+                   optimizer=optimizer)
+
+
 def lr_at(step: int, sched: SFTSchedule) -> float:
-    if step < sched.warmup:
-        return sched.lr * (step + 1) / sched.warmup
-    frac = (step - sched.warmup) / max(1, sched.steps - sched.warmup)
-    return sched.lr * (sched.min_lr_ratio + (1 - sched.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+    """SFT's learning rate at ``step`` (``kdlab.engine.trainer.cosine_lr_at``)."""
+    return cosine_lr_at(step, sched.lr, sched.warmup, sched.steps, sched.min_lr_ratio)
 
 
 def sft_loss(model: torch.nn.Module, prompts: list[list[int]], completions: list[list[int]], codec=CHAR,
@@ -67,8 +77,7 @@ def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSch
     torch.manual_seed(sched.seed * 1000 + start_step)
     pools = [ProblemPool(task, "train", sched.pool_size, seed=sched.seed + i) for i, (task, _) in enumerate(mixture)]
     weights = [w for _, w in mixture]
-    if optimizer is None:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=sched.lr, weight_decay=sched.weight_decay, betas=(0.9, 0.98))
+    trainer = sft_trainer(model, sched, optimizer)
     model.train()
     history = []
     bar = tqdm(range(start_step, until or sched.steps), desc=desc, disable=not progress, initial=start_step, total=sched.steps)
@@ -85,14 +94,13 @@ def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSch
             prob = rng.choice(pools[k].problems)
             prompts.append(codec.prompt(prob.prompt))
             comps.append(codec.completion(pools[k].task.reference(prob, rng)))
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, sched)
-        optimizer.zero_grad(set_to_none=True)
+        trainer.set_lr(step)
+        trainer.zero_grad()
         mb = sched.micro_batch_size or len(prompts)
         if mb >= len(prompts):
             with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=sched.autocast_bf16):
                 loss = sft_loss(model, prompts, comps, codec)
-            loss.backward()
+            trainer.backward(loss)
         else:  # gradient accumulation: summed token losses over the batch's token count
             n_tokens = sum(len(c) for c in comps)
             loss = None  # summed on the device: the host reads the step's loss once
@@ -100,15 +108,15 @@ def sft(model: torch.nn.Module, mixture: list[tuple[Task, float]], sched: SFTSch
                 with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16,
                                     enabled=sched.autocast_bf16):
                     part = sft_loss(model, prompts[i:i + mb], comps[i:i + mb], codec, reduction="sum") / n_tokens
-                part.backward()
+                trainer.backward(part)
                 loss = part.detach().double() if loss is None else loss + part.detach().double()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        trainer.clip()
+        trainer.step()
         val = loss.item()
         ema = val if ema is None else 0.98 * ema + 0.02 * val
         history.append({"step": step, "loss": val})
         bar.set_postfix(loss=f"{ema:.3f}")
         if on_checkpoint is not None and checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < sched.steps:
-            on_checkpoint(step + 1, optimizer)
+            on_checkpoint(step + 1, trainer.optimizer)
     model.eval()
     return history

@@ -157,7 +157,7 @@ def shard(model: torch.nn.Module, mesh: Any) -> torch.nn.Module:
 
 
 def run_config(cfg: FSDPRunConfig, task: RealTask) -> RunConfig:
-    """The engine's configuration of this run (``kdlab.engine.distill.RunConfig``)."""
+    """The engine's configuration of this run (``kdlab.engine.run_config.RunConfig``)."""
     return RunConfig(task=task.name, policy=cfg.policy, lam=cfg.lam, kl=cfg.kl, lr=cfg.lr, seed=cfg.seed,
                      steps=cfg.steps, batch_size=cfg.batch_size, temperature=cfg.temperature, grad_clip=cfg.grad_clip,
                      dtype=cfg.dtype, jsd_beta=cfg.jsd_beta, sampled_direction=cfg.sampled_direction,

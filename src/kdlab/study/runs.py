@@ -21,7 +21,7 @@ from .config import Profile
 from ..engine.data import ProblemPool
 from ..core.dtypes import DTYPE_NAMES, DTYPES
 from ..engine.run_config import RunConfig
-from ..engine.precision import compute_dtype_of, upcast
+from ..engine.trainer import compute_dtype_of, upcast
 from ..engine.distill import distill
 from ..engine.offpd import offpd_rollouts, offpd_teacher_logits
 from ..evaluation.evaluate import accuracy, pass_at_ks
@@ -146,7 +146,7 @@ def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teac
 def offpd_logits_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teacher_dir: Path,
                        offpd: tuple[list[Problem], list[list[int]]], cache_root: Path,
                        teacher_prompt: Callable[[Problem], str] | None = None, codec=CHAR) -> torch.Tensor | None:
-    """The teacher's logits of the whole OffPD pool (``distill.offpd_teacher_logits``), computed
+    """The teacher's logits of the whole OffPD pool (``kdlab.engine.offpd.offpd_teacher_logits``), computed
     once per pool and teacher arithmetic and read by every OffPD run on that pool: in the quick
     grid, the 4 KL x rate runs of each seed and all seeds share one pool per task, so 12 runs
     read what one computes. None where the store is too large to keep (runs then compute the

@@ -29,7 +29,7 @@ from ..models.toy import (SHIPPED_DIR, build_model, checkpoint_meta, copy_checkp
 from ..tasks import get_task, probe_tasks
 from ..tasks.base import Task
 from ..models.store import _digest, model_key, shipped_manifest
-from ..engine.sft import SFTSchedule, sft
+from ..engine.sft import SFTSchedule, sft, sft_trainer
 from . import materials
 
 def student_mixture(profile: Profile, tasks: list[str]) -> list[tuple[Task, float]]:
@@ -123,7 +123,7 @@ class ModelStore:
         partial = final.with_name(final.name + ".partial")
         model = build_model(spec.family, spec.size, seed=spec.seed)
         sched = SFTSchedule(steps=pre.steps, batch_size=pre.batch_size, lr=pre.lr, warmup=pre.warmup, seed=pre.seed)
-        opt = torch.optim.AdamW(model.parameters(), lr=pre.lr, weight_decay=sched.weight_decay, betas=(0.9, 0.98))
+        opt = sft_trainer(model, sched).optimizer  # resumable: its state is saved with the partial model
         start = 0
         if (partial / "state.pt").exists():
             state = torch.load(partial / "state.pt", weights_only=False)

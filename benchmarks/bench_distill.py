@@ -322,21 +322,10 @@ def trl_rows(data: dict, encode_prompt: Any, n: int) -> list[dict[str, Any]]:
     return rows
 
 
-def time_trl(student: torch.nn.Module, teacher: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]],
-             policy: str, kl: str, new_tokens: int, warmup: int, window: int, repeats: int, batch: int,
-             lr: float = LR, clock: Any = None, use_cpu: bool = True) -> dict[str, Any]:
-    """Time TRL's GKDTrainer on one cell (same models, prompts, batch, lr, KL direction as kdlab):
-    a warm-up trainer, then the measured one. Returns what :func:`time_kdlab` returns;
-    ``clock`` is entered around the measured training only; ``use_cpu`` False: the trainer's
-    device is the GPU the models are on."""
-    from datasets import Dataset
+def step_clock(stamps: list[tuple[float, float]]) -> type:
+    """A transformers ``TrainerCallback`` class that appends (wall, CPU) time to ``stamps`` at the
+    first step's start and at every step's end: a trainer's step times are the differences."""
     from transformers import TrainerCallback
-
-    GKDConfig, GKDTrainer = trl_gkd()
-    steps = window * repeats
-    dataset = Dataset.from_list(rows)
-    stamps: list[tuple[float, float]] = []  # (wall, cpu) at the start and at the end of every step
-    tokens: list[int] = []
 
     class Clock(TrainerCallback):
         def on_step_begin(self, args, state, control, **kw):
@@ -345,6 +334,25 @@ def time_trl(student: torch.nn.Module, teacher: torch.nn.Module, tokenizer: Any,
 
         def on_step_end(self, args, state, control, **kw):
             stamps.append((time.perf_counter(), time.process_time()))
+
+    return Clock
+
+
+def time_trl(student: torch.nn.Module, teacher: torch.nn.Module, tokenizer: Any, rows: list[dict[str, Any]],
+             policy: str, kl: str, new_tokens: int, warmup: int, window: int, repeats: int, batch: int,
+             lr: float = LR, clock: Any = None, use_cpu: bool = True) -> dict[str, Any]:
+    """Time TRL's GKDTrainer on one cell (same models, prompts, batch, lr, KL direction as kdlab):
+    a warm-up trainer, then the measured one. Returns what :func:`time_kdlab` returns;
+    ``clock`` is entered around the measured training only; ``use_cpu`` False: the trainer's
+    device is the GPU the models are on."""
+    from datasets import Dataset
+
+    GKDConfig, GKDTrainer = trl_gkd()
+    steps = window * repeats
+    dataset = Dataset.from_list(rows)
+    stamps: list[tuple[float, float]] = []  # (wall, cpu) at the start and at the end of every step
+    tokens: list[int] = []
+    Clock = step_clock(stamps)
 
     class CountingGKD(GKDTrainer):
         """GKDTrainer that records how many response tokens each step trains on."""

@@ -172,7 +172,6 @@ def time_distillation_trainer(student, teacher, tokenizer, prompts: list[str], k
                               ) -> dict[str, Any]:
     """Time TRL's on-policy ``DistillationTrainer`` (same models, prompts, batch, lr, KL direction)."""
     from datasets import Dataset
-    from transformers import TrainerCallback
     from trl import DistillationConfig, DistillationTrainer
 
     steps = window * repeats
@@ -180,13 +179,7 @@ def time_distillation_trainer(student, teacher, tokenizer, prompts: list[str], k
     tokens: list[int] = []
     rows = [{"prompt": prompts[i % len(prompts)]} for i in range(batch * max(steps, warmup))]
 
-    class Clock(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):
-            if not stamps:
-                stamps.append((time.perf_counter(), time.process_time()))
-
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append((time.perf_counter(), time.process_time()))
+    Clock = common.step_clock(stamps)
 
     class Counting(DistillationTrainer):
         def compute_loss(self, model, inputs, *args, **kwargs):

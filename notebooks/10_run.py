@@ -15,26 +15,23 @@
 # %% [markdown]
 # # One distillation run
 #
-# The lab record of one grid cell: rollout policy x KL direction x learning rate x seed.
+# The lab record of one grid cell: rollout policy x KL direction x learning rate x seed, given
+# whole as its run contract (`kdlab.study.contract`: the cell plus the study's validated profile).
 # `kdlab.study.runs.execute_run` does the work (distil, evaluate, write `metrics.json` and
 # `history.json` atomically into the run directory); this notebook shows what it recorded.
 # The models must already be built (`00_teachers`, or `kdlab teachers`).
 
 # %% tags=["parameters"]
-params = "../params/tiny.yaml"  # profile YAML (the study runner passes the study's resolved params.yaml)
-outputs = "../outputs"  # outputs root (models under outputs/models)
-run = {}  # the whole run configuration (kdlab.engine.run_config.RunConfig as a mapping, as the study runner passes
-# it); {} = the profile's first grid cell; a partial mapping overrides that cell's fields
-out_dir = ""  # run directory; "" = outputs/<study>/runs/<run_id> (style runs: outputs/<study>/style/<run_id>)
+contract = {}  # the run contract (kdlab.study.contract.RunContract as a mapping: profile, run, out_dir, ...), as
+# the study runner passes it; {} = the first grid cell of `params`, written under `outputs`
+params = "../params/tiny.yaml"  # read only when contract is {}: a profile YAML
+outputs = "../outputs"  # read only when contract is {}: the outputs root (models under outputs/models)
 threads = 0  # torch threads (0: leave torch's default)
 recorded = False  # True: show the run's existing metrics.json instead of running it again (the study
 # runner sets it when a run finished but its notebook was interrupted before its last cell)
-save_student = False  # keep the distilled student in <run_dir>/student (an RLVR start needs it)
-style = False  # an incidental-style-transfer run: the style teacher, instructed prompt for the teacher only
 
 # %%
 import json
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -42,18 +39,15 @@ import seaborn as sns
 import torch
 from IPython.display import display
 
-from dataclasses import asdict
-
 from kdlab.study.config import load_profile
-from kdlab.engine.run_config import RunConfig
-from kdlab.study.runs import execute_run, run_config_from
+from kdlab.study.contract import RunContract, first_cell
+from kdlab.study.runs import execute_run
 
 if threads:
     torch.set_num_threads(threads)
 sns.set_theme(style="whitegrid")
-profile = load_profile(params)
-cfg = RunConfig(**{**asdict(run_config_from(profile)), **run})
-run_dir = Path(out_dir) if out_dir else Path(outputs).resolve() / profile.name / ("style" if style else "runs") / cfg.run_id
+run = RunContract.from_json(contract) if contract else first_cell(load_profile(params), outputs)
+cfg, run_dir = run.run, run.out_dir
 print(f"run {cfg.run_id} -> {run_dir}")
 
 # %%
@@ -63,8 +57,7 @@ if recorded:
         raise ValueError(f"{run_dir / 'metrics.json'} is run {metrics.get('run_id')!r}, not {cfg.run_id!r}")
     print("showing the metrics recorded by an earlier execution of this run")
 else:
-    metrics = execute_run(profile, cfg, run_dir, Path(outputs).resolve() / "models", progress=False,
-                          train_missing=False, save_student=save_student, style=style)
+    metrics = execute_run(run, progress=False, train_missing=False)
 
 # %% [markdown]
 # ## Metrics

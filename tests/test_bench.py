@@ -18,7 +18,7 @@ import torch
 from kdlab.engine import rollout
 from kdlab.engine.batching import pad_left, pad_right, response_logits
 from kdlab.engine.data import prompt_ids
-from kdlab.engine.run_config import RunConfig
+from cells import cell
 from kdlab.engine.offpd import _OffPDTeacherLogits
 from kdlab.engine.distill import distill
 from kdlab.models.toy import build_model
@@ -157,7 +157,7 @@ def test_training_attention_is_switched_back_after_distill(data):
     teacher = build_model("llama", "nano", seed=1).to(torch.bfloat16).eval()
     student = build_model("llama", "nano", seed=0)
     task = bench.bench_task(8)
-    res = distill(student, teacher, task, RunConfig(policy="off", steps=2, batch_size=4),
+    res = distill(student, teacher, task, cell(policy="off", steps=2, batch_size=4),
                   offpd=(data["problems"], data["responses"]), progress=False)
     assert len(res.history) == 2 and all(h["time_s"] > 0 and h["cpu_s"] >= 0 for h in res.history)
     assert student.config._attn_implementation == "sdpa" and teacher.config._attn_implementation == "sdpa"

@@ -39,13 +39,14 @@ def test_bad_overrides_are_one_line(capsys, tmp_path, override, needle):
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--lr", "-1"], "--lr: -1.0 must be in (0, 1)"),
-    (["--lr", "0"], "--lr: 0.0 must be in (0, 1)"),
+    (["--lr", "-1"], "--lr: -1.0 must be above 0.0 and at most 1.0"),
+    (["--lr", "0"], "--lr: 0.0 must be above 0.0"),
     (["--lr", "nan"], "--lr: nan is not a finite number"),
     (["--lr", "inf"], "--lr: inf is not a finite number"),
-    (["--lr", "1e30"], "--lr: 1e+30 must be in (0, 1)"),
+    (["--lr", "1e30"], "--lr: 1e+30 is above the maximum 1.0"),
     (["--kl", "bogus"], "--kl: 'bogus' is not a valid choice"),
-    (["--lam", "99"], "--lam: 99.0 is outside [-3, 3]"),
+    (["--lam", "99"], "--lam: 99.0 is above the maximum 3.0"),
+    (["--policy", "lambda"], "--lam: policy 'lambda' needs lam"),
     (["--seed", "-1"], "--seed: -1 is below the minimum 0"),
     (["--task", "countdown-9"], "--task 'countdown-9'"),
     (["--task", "kb-mc"], "--task 'kb-mc': profile"),

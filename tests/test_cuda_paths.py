@@ -17,7 +17,7 @@ from cuda_stand_in import OnCuda, cuda_stand_in, to_stand_in
 from kdlab.engine import rollout
 from kdlab.engine.batching import pad_left, pad_right, positions, response_logits
 from kdlab.engine.data import ProblemPool
-from kdlab.engine.run_config import RunConfig
+from cells import cell
 from kdlab.engine.distill import distill
 from kdlab.engine.offpd import offpd_rollouts
 from kdlab.evaluation.evaluate import accuracy, pass_at_ks
@@ -110,7 +110,7 @@ def test_distillation_runs_on_the_gpu_and_matches_the_cpu(policy, kl):
 
     def run(student, teacher):
         offpd = offpd_rollouts(teacher, task, pool, 8, 1.0, seed=0, max_new_tokens=task.max_new_tokens)
-        return distill(student, teacher, task, RunConfig(**cfg), offpd=offpd, pool=pool, progress=False)
+        return distill(student, teacher, task, cell(**cfg), offpd=offpd, pool=pool, progress=False)
 
     ref = run(build_model("llama", "nano", seed=0), build_model("llama", "nano", seed=1).to(torch.bfloat16).eval())
     student, teacher = _models()
@@ -231,6 +231,6 @@ def test_the_shared_offpd_teacher_logits_on_the_gpu():
         offpd = offpd_rollouts(teacher, task, pool, 8, 1.0, seed=0, max_new_tokens=task.max_new_tokens)
         store = offpd_teacher_logits(teacher, offpd)
         assert store.device.type == "cuda"
-        res = distill(student, teacher, task, RunConfig(steps=2, batch_size=4), offpd=offpd, progress=False,
+        res = distill(student, teacher, task, cell(steps=2, batch_size=4), offpd=offpd, progress=False,
                       offpd_teacher_logits=store.cpu())
     assert [h["teacher_cached"] for h in res.history] == [1.0, 1.0]

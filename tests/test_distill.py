@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kdlab.engine.data import ProblemPool
-from kdlab.engine.run_config import RunConfig
+from cells import cell
 from kdlab.engine.distill import distill
 from kdlab.engine.offpd import offpd_rollouts
 from kdlab.core.metrics import update_sparsity
@@ -25,7 +25,10 @@ def setup():
 def run(setup, **kw):
     task, pool, teacher, offpd = setup
     student = build_model("llama", "nano", seed=0)
-    cfg = RunConfig(steps=3, batch_size=4, **kw)
+    lr = kw.pop("force_lr", None)
+    cfg = cell(steps=3, batch_size=4, **kw)
+    if lr is not None:  # a rate beyond the rule (0, 1], set past the check, to make the run diverge
+        cfg.lr = lr
     before = {k: v.detach().to(torch.bfloat16 if cfg.dtype == "bf16" else torch.float32).clone()
               for k, v in student.named_parameters()}
     res = distill(student, teacher, task, cfg, offpd=offpd, pool=pool, progress=False)
@@ -77,17 +80,17 @@ def test_tiny_lr_in_bf16_leaves_weights_untouched_but_fp32_moves_them(setup):
 
 
 def test_divergence_is_recorded_not_raised(setup):
-    _, _, res = run(setup, policy="off", kl="forward", lr=1e30, grad_clip=None, dtype="fp32")
+    _, _, res = run(setup, policy="off", kl="forward", force_lr=1e30, grad_clip=None, dtype="fp32")
     assert res.collapsed and res.collapse_step is not None
 
 
 def test_bad_config_values_are_named():
     with pytest.raises(ValueError, match="'sideways'"):
-        RunConfig(kl="sideways")
+        cell(kl="sideways")
     with pytest.raises(ValueError, match="'maybe'"):
-        RunConfig(policy="maybe")
+        cell(policy="maybe")
     with pytest.raises(ValueError, match="'fp16'"):
-        RunConfig(dtype="fp16")
+        cell(dtype="fp16")
 
 
 # --------------------------------------------------------------------------- the paper's training details
@@ -98,9 +101,9 @@ def test_training_details_default_to_kdlab_behaviour():
     AdamW, constant lr without warm-up."""
     from kdlab.engine.trainer import lr_at, make_adamw
 
-    cfg = RunConfig(temperature=0.8)
+    cfg = cell(temperature=0.8)
     assert cfg.sample_temperatures() == (0.8, 0.8) and cfg.loss_temperatures() == (1.0, 1.0)
-    paper = RunConfig(teacher_temperature=0.5, student_temperature=1.0, warmup=10, fused_adamw=True)
+    paper = cell(teacher_temperature=0.5, student_temperature=1.0, warmup=10, fused_adamw=True)
     assert paper.sample_temperatures() == (1.0, 0.5) and paper.loss_temperatures() == (1.0, 0.5)
     assert [lr_at(s, 1e-5, 10) for s in (0, 4, 9, 10, 149)] == pytest.approx([1e-6, 5e-6, 1e-5, 1e-5, 1e-5])
     assert lr_at(0, 1e-5, 0) == 1e-5
@@ -109,9 +112,9 @@ def test_training_details_default_to_kdlab_behaviour():
     opt, name = make_adamw(p, 1e-3, 0.0, True)
     assert name == "adamw-fused" and opt.defaults["fused"]  # CPU supports fused AdamW in torch >= 2.4
     with pytest.raises(ValueError, match="teacher_temperature"):
-        RunConfig(teacher_temperature=0.0)
+        cell(teacher_temperature=0.0)
     with pytest.raises(ValueError, match="student_temperature"):
-        RunConfig(student_temperature=float("nan"))
+        cell(student_temperature=float("nan"))
 
 
 def test_explicit_unit_temperatures_reproduce_the_default_run(setup):
@@ -151,11 +154,11 @@ def test_paper_sampled_kl_warmup_and_fused_adamw_run(setup, direction):
 def test_runs_record_the_training_details():
     from kdlab.study.runs import training_details
 
-    d = training_details(RunConfig(kl="sf", teacher_temperature=0.5, warmup=10, batch_size=32), "adamw-fused")
+    d = training_details(cell(kl="sf", teacher_temperature=0.5, warmup=10, batch_size=32), "adamw-fused")
     assert d == {"teacher_sample_temperature": 0.5, "student_sample_temperature": 1.0, "teacher_loss_temperature": 0.5,
                  "student_loss_temperature": 1.0, "lr_schedule": "constant", "warmup": 10, "prompts_per_step": 32,
                  "optimizer": "adamw-fused", "sampled_estimator": "sf"}
-    assert training_details(RunConfig(), "adamw")["sampled_estimator"] is None
+    assert training_details(cell(), "adamw")["sampled_estimator"] is None
 
 
 def test_fp32_arithmetic_on_bf16_parameters_is_one_rounded_adamw_step(setup):
@@ -173,7 +176,7 @@ def test_fp32_arithmetic_on_bf16_parameters_is_one_rounded_adamw_step(setup):
 
     task, _, teacher, (problems, responses) = setup
     one = ([problems[0]], [responses[0]])  # a one-item OffPD pool: the batch is known
-    cfg = RunConfig(steps=1, batch_size=4, policy="off", kl="reverse", lr=1e-2, grad_clip=0.5)
+    cfg = cell(steps=1, batch_size=4, policy="off", kl="reverse", lr=1e-2, grad_clip=0.5)
     assert cfg.compute_dtype == "auto" and compute_dtype_of(cfg, torch.device("cpu")) == torch.float32
     student = build_model("llama", "nano", seed=0).to(torch.bfloat16)
     ref = copy.deepcopy(student)
@@ -208,7 +211,7 @@ def test_bf16_and_fp32_arithmetic_agree_to_bf16_precision(setup):
     assert math.isclose(a[0]["loss"], b[0]["loss"], rel_tol=2e-2)
     assert a[0]["loss"] != b[0]["loss"]  # the arithmetic did differ
     with pytest.raises(ValueError, match="compute_dtype"):
-        RunConfig(compute_dtype="fp16")
+        cell(compute_dtype="fp16")
 
 
 def test_all_finite_finds_one_bad_value_among_many_tensors():
@@ -258,7 +261,7 @@ def test_shared_offpd_teacher_logits_are_the_teachers_and_leave_the_run_unchange
         n = len(responses[i])
         torch.testing.assert_close(store[i, :n], ref, atol=2e-2, rtol=2e-2)  # bf16 teacher, other batch shapes
         assert not store[i, n:].any()
-    cfg = RunConfig(steps=3, batch_size=4, lr=1e-3)
+    cfg = cell(steps=3, batch_size=4, lr=1e-3)
     plain = distill(build_model("llama", "nano", seed=0), teacher, task, cfg, offpd=offpd, progress=False)
     shared = distill(build_model("llama", "nano", seed=0), teacher, task, cfg, offpd=offpd, progress=False,
                      offpd_teacher_logits=store)

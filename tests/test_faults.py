@@ -62,8 +62,8 @@ RECORD = {"run_id": "r", "task": "countdown-3", "policy": "off", "lam": -1.0, "k
 
 
 def test_a_truncated_history_or_metrics_file_makes_the_run_redo(tmp_path):
-    cfg = expand_grid(load_profile(TINY))[0]
-    job = run_job(tmp_path, cfg)
+    profile = load_profile(TINY)
+    job = run_job(profile, tmp_path, expand_grid(profile)[0])
     job.out_dir.mkdir(parents=True)
     whole = {"history.json": "[{\"step\": 0, \"loss\": 1.0}]", "metrics.json": json.dumps(RECORD)}
     for name, text in whole.items():
@@ -87,7 +87,8 @@ def test_a_truncated_history_or_metrics_file_makes_the_run_redo(tmp_path):
 ])
 def test_a_record_that_parses_but_lacks_what_the_table_reads_makes_the_run_redo(tmp_path, metrics, history, needle):
     """Issue 35: `{}` (and any record without the fields and types of kdlab.study.records) is not complete."""
-    job = run_job(tmp_path, expand_grid(load_profile(TINY))[0])
+    profile = load_profile(TINY)
+    job = run_job(profile, tmp_path, expand_grid(profile)[0])
     job.out_dir.mkdir(parents=True)
     (job.out_dir / "metrics.json").write_text(json.dumps(metrics))
     (job.out_dir / "history.json").write_text(json.dumps(history))
@@ -106,9 +107,9 @@ import kdlab.study.runs as R
 _run, _sparsity, _cell = R.execute_run, R.update_sparsity, {}
 
 
-def execute_run(profile, cfg, *args, **kwargs):
-    _cell["now"] = (cfg.policy, cfg.kl)
-    return _run(profile, cfg, *args, **kwargs)
+def execute_run(contract, *args, **kwargs):
+    _cell["now"] = (contract.run.policy, contract.run.kl)
+    return _run(contract, *args, **kwargs)
 
 
 def update_sparsity(*args, **kwargs):
@@ -185,8 +186,8 @@ def once(name):
     return True
 
 
-def execute_run(profile, cfg, *args, **kwargs):
-    cell = f"{cfg.policy}/{cfg.kl}"
+def execute_run(contract, *args, **kwargs):
+    cell = f"{contract.run.policy}/{contract.run.kl}"
     log("start", cell)
     if cell == "off/reverse" and once("oom"):
         tensors = Tensors()
@@ -201,7 +202,7 @@ def execute_run(profile, cfg, *args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (simulated)")
     if cell == "on/forward" and once("assert"):
         raise torch.AcceleratorError("CUDA error: device-side assert triggered (simulated)")
-    return _run(profile, cfg, *args, **kwargs)
+    return _run(contract, *args, **kwargs)
 
 
 R.execute_run = execute_run

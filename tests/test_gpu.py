@@ -8,7 +8,7 @@ import torch
 
 from kdlab.engine import rollout
 from kdlab.engine.data import ProblemPool, prompt_ids
-from kdlab.engine.run_config import RunConfig
+from cells import cell
 from kdlab.engine.distill import distill
 from kdlab.engine.offpd import offpd_rollouts
 from kdlab.evaluation.evaluate import accuracy, pass_at_ks
@@ -59,7 +59,7 @@ def test_distillation_on_the_gpu(policy, kl):
     student = build_model("llama", "nano", seed=0).cuda()
     offpd = offpd_rollouts(teacher, task, pool, 16, 1.0, seed=0, max_new_tokens=task.max_new_tokens)
     before = [p.detach().clone() for p in student.parameters()]
-    res = distill(student, teacher, task, RunConfig(policy=policy, kl=kl, lam=0.5, steps=3, batch_size=8, lr=1e-3,
+    res = distill(student, teacher, task, cell(policy=policy, kl=kl, lam=0.5, steps=3, batch_size=8, lr=1e-3,
                                                     fused_adamw=True, micro_batch_size=4),
                   offpd=offpd, pool=pool, progress=False)
     assert not res.collapsed and len(res.history) == 3

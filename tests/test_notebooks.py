@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from kdlab.study import results as R
-from kdlab.study.config import load_profile
+from kdlab.study.config import load_profile, to_dict
 from kdlab.models.toy import checkpoint_meta
 from kdlab.study.plan import expand_grid, notebook_finished
 from test_study import FULL, FULL_RUNS, TINY, full_study, tiny_models  # noqa: F401 (session fixtures)
@@ -77,8 +77,10 @@ def test_every_run_notebook_executed_and_recorded_its_metrics(full_study):
         nb = nbformat.read(run_dir / "run.ipynb", as_version=4)
         assert not _errors(nb)
         params = nb.metadata.papermill.parameters
-        assert params["run"] == asdict(cfg)  # the whole run configuration, as one parameter
-        assert params["out_dir"] == str(run_dir) and Path(params["out_dir"]).is_absolute()
+        contract = params["contract"]  # the whole run, as one parameter: its cell and the validated profile
+        assert set(params) == {"contract", "threads", "recorded"}
+        assert contract["run"] == asdict(cfg) and contract["profile"] == to_dict(load_profile(TINY, FULL))
+        assert contract["out_dir"] == str(run_dir) and Path(contract["out_dir"]).is_absolute()
         assert len(_outputs(nb, "image/png")) == 1  # the training curves
         assert any(cfg.run_id in "".join(o["data"]["text/html"]) for o in _outputs(nb, "text/html"))  # metrics
 

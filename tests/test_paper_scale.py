@@ -293,7 +293,7 @@ def test_full_path_offpd_and_onpd_runs(family, ckpts, tmp_path):
     # OffPD: teacher rollouts sampled once, then forward-KL steps on them.
     offpd = offpd_rollouts(teacher, task, pool, 8, 1.0, seed=0, max_new_tokens=8, codec=codec)
     assert all(0 < len(r) <= 8 and max(r) < codec.vocab_size for r in offpd[1])
-    cfg = RunConfig(task=task.name, policy="off", kl="forward", lr=1e-2, steps=5, batch_size=4, offpd_pool=8)
+    cfg = RunConfig(task=task.name, policy="off", kl="forward", lr=1e-2, seed=0, steps=5, batch_size=4, offpd_pool=8)
     off = distill(student, teacher, task, cfg, offpd=offpd, codec=codec, progress=False).history
     assert off[0]["loss"] > 0 and off[0]["grad_norm"] > 0
     assert off[0]["forward_kl"] == pytest.approx(off[0]["loss"], rel=2e-2)
@@ -301,7 +301,7 @@ def test_full_path_offpd_and_onpd_runs(family, ckpts, tmp_path):
     assert sum(not torch.equal(before[k], v) for k, v in student.state_dict().items()) > 0
 
     # OnPD: the student samples, the teacher scores; reverse-KL steps in micro-batches of one row.
-    cfg = RunConfig(task=task.name, policy="on", kl="reverse", lr=1e-2, steps=2, batch_size=4, micro_batch_size=1)
+    cfg = RunConfig(task=task.name, policy="on", kl="reverse", lr=1e-2, seed=0, steps=2, batch_size=4, micro_batch_size=1)
     on = distill(student, teacher, task, cfg, pool=pool, codec=codec, progress=False).history
     assert on[0]["loss"] > 0 and on[0]["loss"] == pytest.approx(on[0]["reverse_kl"], rel=2e-2)
 
@@ -319,7 +319,7 @@ def test_micro_batches_give_the_whole_batch_update(ckpts, tmp_path):
         if offpd is None:  # teacher responses cut to 1..6 tokens: ragged rows, unequal token shares
             problems, responses = offpd_rollouts(teacher, task, pool, 12, 1.0, seed=0, max_new_tokens=6, codec=codec)
             offpd = (problems, [r[:1 + i % 6] for i, r in enumerate(responses)])
-        cfg = RunConfig(task=task.name, policy="off", kl="forward", lr=1e-3, steps=2, batch_size=6, dtype="fp32",
+        cfg = RunConfig(task=task.name, policy="off", kl="forward", lr=1e-3, seed=0, steps=2, batch_size=6, dtype="fp32",
                         offpd_pool=12, micro_batch_size=mb, kl_chunk_size=5 if mb == 4 else 0)
         hist = distill(student, teacher, task, cfg, offpd=offpd, codec=codec, progress=False).history
         runs[mb] = (hist, {k: v.clone() for k, v in student.state_dict().items()})

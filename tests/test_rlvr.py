@@ -165,7 +165,10 @@ def _run(seed: int, **kw):
     task = DigitTask()
     pool = ProblemPool(task, "train", 32, seed=0)
     model = build_model("llama", "nano", seed=0)
+    lr = kw.pop("force_lr", None)
     cfg = RLVRConfig(**{"steps": 3, "prompts_per_step": 4, "group_size": 4, "lr": 1e-2, "seed": seed, **kw})
+    if lr is not None:  # a rate beyond the rule (0, 1], set past the check, to make the run diverge
+        cfg.lr = lr
     test = task.problems("test", 4)
     res = grpo_train(model, task, cfg, pool, eval_fn=lambda m: accuracy(m, task, test), eval_every=2, progress=False)
     return model, res
@@ -202,7 +205,7 @@ def test_grpo_raises_the_verifiable_reward():
 
 
 def test_divergence_is_recorded_not_raised():
-    _, res = _run(0, lr=1e30, grad_clip=None, dtype="fp32")
+    _, res = _run(0, force_lr=1e30, grad_clip=None, dtype="fp32")
     assert res["nan"] and res["collapsed"] and res["collapse_step"] == res["history"][-1]["step"]
     assert res["final_accuracy"] is None
 

@@ -158,7 +158,8 @@ def test_distillation_smoke_on_smollm2_both_policies(imported, tmp_path):
 
     from kdlab.study.config import load_profile
     from kdlab.study.preflight import check_profile
-    from kdlab.study.runs import execute_run, run_config_from
+    from kdlab.study.contract import RunContract, run_config
+    from kdlab.study.runs import execute_run
 
     root, path, _ = imported
     profile_path = tmp_path / "smoke.yaml"
@@ -175,8 +176,8 @@ def test_distillation_smoke_on_smollm2_both_policies(imported, tmp_path):
     profile = load_profile(profile_path)
     check_profile(profile)
     for policy in ("off", "on"):
-        cfg = run_config_from(profile, policy=policy, kl="forward", lr=1e-5)
-        m = execute_run(profile, cfg, tmp_path / "runs" / cfg.run_id, models_root=root, progress=False)
+        cfg = run_config(profile, task="countdown-3", policy=policy, kl="forward", lr=1e-5, seed=0)
+        m = execute_run(RunContract(profile, cfg, tmp_path / "runs" / cfg.run_id, models_root=root), progress=False)
         assert m["steps_done"] == 2 and not m["collapsed"], policy
         assert m["model_kind"] == "pretrained" and m["teacher_path"] == str(path)
         assert m["student_path"].startswith(str(root / "student-"))  # the foothold, built once

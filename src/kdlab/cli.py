@@ -18,6 +18,7 @@ from .study.materials import is_real
 from .study.teachers import model_table, model_paths as toy_paths, capacity_paths
 from .study.report_tables import format_table
 from .study import runs
+from .study.contract import contract_for, run_config
 from .evaluation.evaluate import error_modes
 from .models.toy import load_checkpoint, checkpoint_meta
 from .tasks import get_task
@@ -95,31 +96,28 @@ def cmd_distill(args) -> int:
 
     import torch
 
-
     profile = _profile(args)
-    # The flags are checked as the same values in a profile would be (one validator for both).
-    flags = {"grid.kls": [args.kl], "grid.seeds": [args.seed]}
-    flags.update({"grid.lrs": [args.lr]} if args.lr is not None else {})
-    flags.update({"grid.lambdas": [args.lam]} if args.lam is not None else {})
-    try:
-        load_profile(args.params, {**_overrides(args.set), **flags})
-    except ConfigError as e:
-        raise ConfigError(f"{e}".replace("grid.kls", "--kl").replace("grid.lrs", "--lr").replace("grid.seeds", "--seed")
-                          .replace("grid.lambdas", "--lam")) from None
-    tasks = list(dict.fromkeys(profile.grid.tasks + (profile.grid.lambda_tasks if profile.grid.lambdas else [])))
+    g = profile.grid
+    tasks = list(dict.fromkeys(g.tasks + (g.lambda_tasks if g.lambdas else [])))
     if args.task is not None and args.task not in tasks:
         raise ConfigError(f"--task {args.task!r}: profile {args.params} distils {tasks} (its teachers are for those); "
                           f"add it to grid.tasks to build its teacher")
-    cfg = runs.run_config_from(profile, task=args.task, policy=args.policy, lam=args.lam, kl=args.kl, lr=args.lr, seed=args.seed)
-    out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "runs" / cfg.run_id
+    # The cell: each flag not given is the profile's first grid value (one default, the profile's); the
+    # flags meet the rules of RunConfig's fields, the same rules as the profile's grid lists.
+    pick = lambda flag, values: values[0] if flag is None else flag  # noqa: E731
+    try:
+        cfg = run_config(profile, task=pick(args.task, g.tasks), policy=pick(args.policy, g.policies),
+                         lam=args.lam, kl=pick(args.kl, g.kls), lr=pick(args.lr, g.lrs), seed=pick(args.seed, g.seeds))
+    except ConfigError as e:
+        raise ConfigError(f"--{e}") from None
+    contract = contract_for(profile, cfg, _outputs_root(args), out_dir=args.out, save_student=args.save_student)
+    out = contract.out_dir
     dropped = [d for d in dropped_values(profile) if d.startswith("eval.")]  # (the flags pick the one cell)
     if dropped:
         print(f"kdlab: note: {'; '.join(dropped)}", file=sys.stderr)
     try:
-        metrics = runs.execute_run(profile, cfg, out, models_root=_outputs_root(args) / "models",
-                              save_student=args.save_student)
+        metrics = runs.execute_run(contract)
     except torch.OutOfMemoryError as e:
-
         raise KdlabError(f"run {cfg.run_id}: {' '.join(str(e).split())[:200]}; {oom_remedy(asdict(cfg))}") from None
     print(json.dumps({k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}, indent=2))
     if metrics["collapsed"]:
@@ -191,12 +189,13 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("distill", parents=[common], help="one distillation run; writes metrics.json and history")
     p.add_argument("params")
-    p.add_argument("--task", default=None)
-    p.add_argument("--policy", default="off", choices=["off", "on", "lambda"])
-    p.add_argument("--lam", type=float, default=None)
-    p.add_argument("--kl", default="forward")
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--seed", type=int, default=0)
+    first = "default: the profile's first grid value"
+    p.add_argument("--task", default=None, help=f"target task ({first})")
+    p.add_argument("--policy", default=None, choices=["off", "on", "lambda"], help=f"rollout policy ({first})")
+    p.add_argument("--lam", type=float, default=None, help="lambda of --policy lambda, in [-3, 3]")
+    p.add_argument("--kl", default=None, help=f"KL direction or estimator ({first})")
+    p.add_argument("--lr", type=float, default=None, help=f"learning rate ({first})")
+    p.add_argument("--seed", type=int, default=None, help=f"seed ({first})")
     p.add_argument("--out", default=None)
     p.add_argument("--save-student", action="store_true", help="save the distilled student checkpoint")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")

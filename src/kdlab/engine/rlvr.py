@@ -35,9 +35,9 @@ from ..core.dtypes import DTYPES
 from .trainer import Trainer
 from ..core.kl import sampled_kl
 from .rollout import sample
+from .run_config import NORMALISATIONS, GRPOSettings, RLVRConfig  # noqa: F401 (RLVRConfig: GRPO's config)
 from ..tasks.base import Problem, Task
 
-NORMALISATIONS = ("sequence", "token")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -232,64 +232,6 @@ def detect_collapse(history: list[dict[str, Any]], window: int, drop: float,
 # ---------------------------------------------------------------------------------------------
 # training loop
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class RLVRConfig:
-    """One GRPO run.
-
-    steps: optimisation rounds (each samples a fresh batch); prompts_per_step (P) problems per
-    round with group_size (G) sampled responses each; lr: AdamW rate; clip_eps: PPO clip range;
-    kl_coef: weight of the k3 penalty to the starting model (0: no reference copy is kept);
-    temperature: sampling temperature (log-probs are taken at the same temperature);
-    max_new_tokens: response budget in tokens (None: the task's); inner_epochs: optimiser steps
-    per sampled batch (full batch each; >1 makes the ratio and clipping matter); dtype: parameter
-    dtype, bf16 with no fp32 master copy as in ``kdlab.engine.distill``; grad_clip: max grad norm (None:
-    off); seed: problems, sampling and torch; normalise_std / normalisation: see
-    ``group_advantages`` / ``grpo_loss``; collapse_window / collapse_drop: ``detect_collapse``.
-    """
-
-    steps: int = 300
-    prompts_per_step: int = 16
-    group_size: int = 8
-    lr: float = 1e-5
-    clip_eps: float = 0.2
-    kl_coef: float = 0.0
-    temperature: float = 1.0
-    max_new_tokens: int | None = None
-    inner_epochs: int = 1
-    dtype: str = "bf16"
-    grad_clip: float | None = 1.0
-    seed: int = 0
-    normalise_std: bool = True
-    normalisation: str = "sequence"
-    weight_decay: float = 0.0
-    collapse_window: int = 20
-    collapse_drop: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "prompts_per_step", "group_size", "inner_epochs", "collapse_window"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if not self.lr > 0:
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        if not self.clip_eps > 0:
-            raise ValueError(f"clip_eps must be > 0, got {self.clip_eps!r}")
-        if not self.kl_coef >= 0:
-            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef!r}")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature!r}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1 or None, got {self.max_new_tokens!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip!r}")
-        if self.normalisation not in NORMALISATIONS:
-            raise ValueError(f"normalisation must be one of {NORMALISATIONS}, got {self.normalisation!r}")
-        if not self.collapse_drop >= 0:
-            raise ValueError(f"collapse_drop must be >= 0, got {self.collapse_drop!r}")
-
-
 def _sequence_logprobs(model: torch.nn.Module, prompts: torch.Tensor, prompt_mask: torch.Tensor,
                        tokens: torch.Tensor, mask: torch.Tensor, temperature: float,
                        vocab_size: int | None = None) -> torch.Tensor:

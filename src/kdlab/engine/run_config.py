@@ -1,45 +1,89 @@
-"""A distillation run's configuration (``RunConfig``) and its result (``RunResult``)."""
+"""A distillation run's settings (``DistillSettings``), the whole configuration of one run
+(``RunConfig``: a grid cell plus those settings), its result (``RunResult``), and GRPO's
+settings (``GRPOSettings``) and run configuration (``RLVRConfig``). No torch: the profile's
+schema (``kdlab.study.config``) is built from these classes.
+
+Each setting's default and rule are declared here, once (``kdlab.core.fields.setting``): the
+profile's ``distill`` section *is* ``DistillSettings`` (``kdlab.study.config``), and a
+``RunConfig`` is built from a profile by ``kdlab.study.contract.run_config`` without copying a
+field by hand. A value set in code meets the same rule as one read from a profile.
+"""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.fields import LEARNING_RATE, ConfigError, check_fields, setting
+from ..core.schema import DTYPES, LOSS_KINDS
 
-from ..core.schema import LOSS_KINDS
-from ..core.dtypes import DTYPES
+POLICIES = ("off", "on", "lambda")  # a run's rollout policy: "lambda" takes lam as given
+LAMBDA = dict(lo=-3.0, hi=3.0)  # the rule of a lambda-spectrum point
+NORMALISATIONS = ("sequence", "token")  # GRPO's loss normalisation (kdlab.engine.rlvr.grpo_loss)
 
 
 @dataclass
-class RunConfig:
-    """Everything that defines one distillation run (the grid varies policy, lam, kl, lr, seed)."""
+class DistillSettings:
+    """Distillation settings shared by every run of a study (the profile's ``distill`` section).
+    The paper's training details and where kdlab's defaults differ from them:
+    docs/calibration.md section 15; params/paper*.yaml set the paper's values."""
+    steps: int = setting(150, lo=1, bound="steps")
+    batch_size: int = setting(32, lo=1, bound="batch", doc="prompts per optimisation step (one rollout each; the paper: 32)")
+    temperature: float = setting(1.0, lo=1e-3, hi=10.0, doc="rollout sampling temperature of a model whose own "
+                                 "temperature (teacher_temperature / student_temperature) is null")
+    teacher_temperature: float | None = setting(None, lo=1e-3, hi=10.0, doc="the teacher's temperature in sampling "
+                                                "(OffPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 "
+                                                "in the loss (the paper's appendix as read: 0.5)")
+    student_temperature: float | None = setting(None, lo=1e-3, hi=10.0, doc="the student's temperature in sampling "
+                                                "(OnPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 "
+                                                "in the loss (the paper: 1.0)")
+    fused_adamw: bool = setting(False, doc="torch.optim.AdamW(fused=True) where the device supports it, else the "
+                                "default implementation (recorded per run as 'optimizer'); the paper: fused")
+    grad_clip: float | None = setting(1.0, lo=0.0, doc="max grad norm; null disables clipping")
+    dtype: str = setting("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
+    compute_dtype: str = setting("auto", choices=("auto",) + DTYPES, doc="arithmetic of the student's rollouts, "
+                                 "forward and backward; the parameters, their updates and the optimizer stay in dtype. "
+                                 "auto: fp32 on a CPU (bf16 matmuls without AMX are slower there), dtype elsewhere")
+    jsd_beta: float = setting(0.5, lo=0.0, hi=1.0)
+    sampled_direction: str = setting("reverse", choices=("forward", "reverse"),
+                                     doc="the KL a sampled estimator (k1/k2/k3/sf) targets")
+    logratio_clip: float | None = setting(5.0, lo=0.0)
+    plausibility_alpha: float | None = setting(0.1, lo=0.0, hi=1.0)
+    offpd_pool: int = setting(2048, lo=1, bound="problems", doc="teacher rollouts sampled once and reused (OffPD)")
+    warmup: int = setting(0, lo=0, bound="steps", doc="learning-rate schedule: linear warm-up over this many steps, "
+                          "then constant (the paper: 10)")
+    weight_decay: float = setting(0.0, lo=0.0)
 
-    task: str = "countdown-3"
-    policy: str = "off"  # "off" (lam=-1), "on" (lam=+1) or "lambda" (lam as given)
-    lam: float = -1.0
-    kl: str = "forward"  # forward | reverse | jsd | k1 | k2 | k3
-    lr: float = 1e-4
-    seed: int = 0
-    steps: int = 150
-    batch_size: int = 32
-    temperature: float = 1.0
-    grad_clip: float | None = 1.0
-    dtype: str = "bf16"
-    compute_dtype: str = "auto"  # the student's arithmetic (compute_dtype_of); parameters stay in dtype
-    jsd_beta: float = 0.5
-    sampled_direction: str = "reverse"
-    logratio_clip: float | None = 5.0
-    plausibility_alpha: float | None = 0.1
-    offpd_pool: int = 2048
-    warmup: int = 0
-    weight_decay: float = 0.0
-    data_seed: int = 0
-    micro_batch_size: int = 0  # rows per forward/backward (gradient accumulation); 0 = the whole batch
-    kl_chunk_size: int = 0  # full-vocabulary KL over this many positions at a time (memory); 0 = at once
-    # The paper's training details (docs/calibration.md section 15). None / False = kdlab's toy behaviour.
-    teacher_temperature: float | None = None  # the teacher's temperature in sampling AND in the loss
-    student_temperature: float | None = None  # the student's temperature in sampling AND in the loss
-    fused_adamw: bool = False  # torch.optim.AdamW(fused=True) where the device supports it, else the default
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(kw_only=True)
+class RunConfig(DistillSettings):
+    """Everything that defines one distillation run: a grid cell (task, policy, lam, kl, lr, seed;
+    no defaults: a cell is always named whole) plus the study's ``DistillSettings`` and the
+    memory settings of its machine."""
+
+    task: str = setting(doc="target task")
+    policy: str = setting(choices=POLICIES, doc='"off" (lam=-1), "on" (lam=+1) or "lambda" (lam as given)')
+    kl: str = setting(choices=LOSS_KINDS)
+    lr: float = setting(**LEARNING_RATE)
+    seed: int = setting(lo=0)
+    lam: float | None = setting(None, **LAMBDA, doc="the lambda of policy 'lambda'; set from the policy otherwise")
+    data_seed: int = setting(0, lo=0, doc="problem pools and the OffPD pool (the profile's data_seed)")
+    micro_batch_size: int = setting(0, lo=0, bound="batch", doc="rows per forward/backward (gradient accumulation); "
+                                    "0 = the whole batch")
+    kl_chunk_size: int = setting(0, lo=0, doc="full-vocabulary KL over this many positions at a time (memory); 0 = at once")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.policy in ("off", "on"):
+            lam = -1.0 if self.policy == "off" else 1.0
+            if self.lam is not None and self.lam != lam:
+                raise ConfigError(f"lam: {self.lam!r} with policy {self.policy!r}, which is lambda {lam:+g}; "
+                                  "a point of the spectrum takes policy 'lambda'")
+            self.lam = lam
+        elif self.lam is None:
+            raise ConfigError("lam: policy 'lambda' needs lam, a point of the spectrum in [-3, 3]")
 
     def sample_temperatures(self) -> tuple[float, float]:
         """(student, teacher) temperatures of rollout sampling: each model's own, else ``temperature``."""
@@ -51,32 +95,55 @@ class RunConfig:
         return (1.0 if self.student_temperature is None else self.student_temperature,
                 1.0 if self.teacher_temperature is None else self.teacher_temperature)
 
-    def __post_init__(self) -> None:
-        if self.policy not in ("off", "on", "lambda"):
-            raise ValueError(f"policy must be 'off', 'on' or 'lambda', got {self.policy!r}")
-        if self.policy == "off":
-            self.lam = -1.0
-        elif self.policy == "on":
-            self.lam = 1.0
-        if self.kl not in LOSS_KINDS:
-            raise ValueError(f"kl must be one of {', '.join(LOSS_KINDS)}; got {self.kl!r}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
-        if self.compute_dtype != "auto" and self.compute_dtype not in DTYPES:
-            raise ValueError(f"compute_dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.compute_dtype!r}")
-        if not (self.lr > 0):
-            raise ValueError(f"lr must be > 0, got {self.lr!r}")
-        for name in ("teacher_temperature", "student_temperature"):
-            v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a positive number or None, got {v!r}")
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be >= 0, got {self.warmup!r}")
-
     @property
     def run_id(self) -> str:
         pol = self.policy if self.policy != "lambda" else f"lam{self.lam:+g}"
         return f"{self.task}_{pol}_{self.kl}_lr{self.lr:g}_s{self.seed}"
+
+
+@dataclass
+class GRPOSettings:
+    """GRPO settings a study shares (the profile's ``rlvr`` section extends this class, so each has
+    one default and one rule, declared here).
+
+    steps: optimisation rounds (each samples a fresh batch); prompts_per_step (P) problems per
+    round with group_size (G) sampled responses each; lr: AdamW rate; clip_eps: PPO clip range;
+    kl_coef: weight of the k3 penalty to the starting model (0: no reference copy is kept);
+    temperature: sampling temperature (log-probs are taken at the same temperature);
+    inner_epochs: optimiser steps per sampled batch (full batch each; >1 makes the ratio and
+    clipping matter); dtype: parameter dtype, bf16 with no fp32 master copy as in
+    ``kdlab.engine.distill``; grad_clip: max grad norm (None: off); collapse_window /
+    collapse_drop: ``detect_collapse``.
+    """
+
+    steps: int = setting(300, lo=1, bound="steps")
+    prompts_per_step: int = setting(16, lo=1, bound="batch")
+    group_size: int = setting(8, lo=2, bound="samples")
+    lr: float = setting(1e-5, **LEARNING_RATE)
+    clip_eps: float = setting(0.2, lo=1e-3, hi=1.0)
+    kl_coef: float = setting(0.0, lo=0.0)
+    temperature: float = setting(1.0, lo=1e-3, hi=10.0)
+    inner_epochs: int = setting(1, lo=1, bound="steps")
+    dtype: str = setting("bf16", choices=DTYPES)
+    grad_clip: float | None = setting(1.0, lo=0.0)
+    collapse_window: int = setting(20, lo=1, bound="steps")
+    collapse_drop: float = setting(0.2, lo=0.0, hi=1.0)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+@dataclass(kw_only=True)
+class RLVRConfig(GRPOSettings):
+    """One GRPO run: the shared ``GRPOSettings`` plus its seed (problems, sampling and torch),
+    max_new_tokens (the response budget in tokens; None: the task's), and the loss's conventions
+    normalise_std / normalisation (see ``group_advantages`` / ``grpo_loss``) and weight_decay."""
+
+    seed: int = setting(0, lo=0)
+    max_new_tokens: int | None = setting(None, lo=1, bound="tokens")
+    normalise_std: bool = setting(True)
+    normalisation: str = setting("sequence", choices=NORMALISATIONS)
+    weight_decay: float = setting(0.0, lo=0.0)
 
 
 @dataclass

@@ -7,17 +7,18 @@ the value and the valid choices, before any work starts.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
-import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from ..core.fields import (BOUNDS, LEARNING_RATE, ConfigError, check_bound as _check_bound, check_range as _check_range,
+                           check_value, setting as _f)
 from ..core.schema import LOSS_KINDS, DFS_VARIANTS, DTYPES, FAMILIES, IMPORTABLE, PRESETS, TARGET_TASKS
+from ..engine.run_config import LAMBDA, DistillSettings, GRPOSettings, RunConfig
 
 
 class _Loader(yaml.SafeLoader):
@@ -45,38 +46,9 @@ def read_yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)
 
 
-class ConfigError(ValueError):
-    """A parameter file or override is invalid; the message names the key and the value."""
-
-
-# Upper bounds of sizes, one per kind of size, each with its reason: a larger value has no sensible
-# meaning in a study (a typo or a unit slip, such as --set distill.steps=100000000) and is refused
-# before any work. A field names its kind with ``bound=``.
-BOUNDS: dict[str, tuple[int, str]] = {
-    "steps": (100_000, "optimisation steps: the paper distils for 150 and runs GRPO for 300; kdlab's longest "
-                       "recipe, the 8,000-step countdown-3 teacher, takes three hours on a CPU"),
-    "batch": (4_096, "rows per optimisation step: the paper uses 32 prompts, kdlab's pretraining 64; 4,096 rollouts "
-                     "of the paper's 2,000-token traces do not fit in one GPU's memory"),
-    "tokens": (32_768, "tokens in one prompt or response: the paper's traces are at most 2,000 tokens and the "
-                       "longest context of the models it studies (Qwen2.5) is 32,768"),
-    "problems": (100_000, "problems or rollouts: twenty times the 5,000 training problems a run draws from "
-                          "(kdlab.study.runs.TRAIN_POOL) and far beyond any test set kdlab reads"),
-    "samples": (1_024, "samples per problem: the paper's coverage is pass@10 from 16 samples"),
-}
-
-
-def _f(default: Any = dataclasses.MISSING, *, choices: tuple | None = None, lo: float | None = None,
-       hi: float | None = None, factory: Any = None, doc: str = "", lo_open: bool = False, bound: str | None = None):
-    assert bound is None or bound in BOUNDS, bound
-    meta = {"choices": choices, "lo": lo, "hi": hi, "doc": doc, "lo_open": lo_open, "bound": bound}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 KL_KINDS = LOSS_KINDS
 DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")  # pretrained.device; a GPU asked for must exist (kdlab.study.preflight)
-POLICIES = ("off", "on")
+POLICIES = ("off", "on")  # the grid's policies (a lambda point is grid.lambdas)
 
 
 @dataclass
@@ -91,7 +63,7 @@ class PretrainSpec:
     """Supervised training of a student base or a teacher (see kdlab.engine.sft)."""
     steps: int = _f(2000, lo=1, bound="steps")
     batch_size: int = _f(64, lo=1, bound="batch")
-    lr: float = _f(1e-3, lo=0.0, lo_open=True, hi=1.0)
+    lr: float = _f(1e-3, **LEARNING_RATE)
     warmup: int = _f(100, lo=0, bound="steps")
     probe_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each probe skill")
     task_weight: float = _f(1.0, lo=0.0, doc="mixture weight of each target task")
@@ -103,36 +75,7 @@ class PretrainSpec:
                                        "the student base also learns, so that a later stage on them (RLVR) has a signal")
 
 
-@dataclass
-class DistillSpec:
-    """Distillation runs (kdlab.engine.distill). The paper's training details and where kdlab's defaults
-    differ from them: docs/calibration.md section 15; params/paper*.yaml set the paper's values."""
-    steps: int = _f(150, lo=1, bound="steps")
-    batch_size: int = _f(32, lo=1, bound="batch", doc="prompts per optimisation step (one rollout each; the paper: 32)")
-    temperature: float = _f(1.0, lo=1e-3, hi=10.0, doc="rollout sampling temperature of a model whose own "
-                            "temperature (teacher_temperature / student_temperature) is null")
-    teacher_temperature: float | None = _f(None, lo=1e-3, hi=10.0, doc="the teacher's temperature in sampling "
-                                           "(OffPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 in "
-                                           "the loss (the paper's appendix as read: 0.5)")
-    student_temperature: float | None = _f(None, lo=1e-3, hi=10.0, doc="the student's temperature in sampling "
-                                           "(OnPD, pi_lambda) AND in the loss; null = temperature when sampling, 1 in "
-                                           "the loss (the paper: 1.0)")
-    fused_adamw: bool = _f(False, doc="torch.optim.AdamW(fused=True) where the device supports it, else the default "
-                           "implementation (recorded per run as 'optimizer'); the paper: fused")
-    grad_clip: float | None = _f(1.0, lo=0.0, doc="max grad norm; null disables clipping")
-    dtype: str = _f("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
-    compute_dtype: str = _f("auto", choices=("auto",) + DTYPES, doc="arithmetic of the student's rollouts, "
-                            "forward and backward; the parameters, their updates and the optimizer stay in dtype. "
-                            "auto: fp32 on a CPU (bf16 matmuls without AMX are slower there), dtype elsewhere")
-    jsd_beta: float = _f(0.5, lo=0.0, hi=1.0)
-    sampled_direction: str = _f("reverse", choices=("forward", "reverse"),
-                                doc="the KL a sampled estimator (k1/k2/k3/sf) targets")
-    logratio_clip: float | None = _f(5.0, lo=0.0)
-    plausibility_alpha: float | None = _f(0.1, lo=0.0, hi=1.0)
-    offpd_pool: int = _f(2048, lo=1, bound="problems", doc="teacher rollouts sampled once and reused (OffPD)")
-    warmup: int = _f(0, lo=0, bound="steps", doc="learning-rate schedule: linear warm-up over this many steps, then constant "
-                     "(the paper: 10)")
-    weight_decay: float = _f(0.0, lo=0.0)
+DistillSpec = DistillSettings  # the profile's distill section: its fields, defaults and rules live in the engine
 
 
 @dataclass
@@ -151,36 +94,26 @@ class EvalSpec:
 @dataclass
 class GridSpec:
     tasks: list[str] = _f(factory=lambda: ["countdown-3"])
-    policies: list[str] = _f(factory=lambda: ["off", "on"])
-    lambdas: list[float] = _f(factory=list, doc="extra lambda-spectrum points (task: first of tasks)")
+    policies: list[str] = _f(factory=lambda: ["off", "on"], choices=POLICIES)
+    lambdas: list[float] = _f(factory=list, **LAMBDA, doc="extra lambda-spectrum points (task: first of tasks)")
     lambda_tasks: list[str] = _f(factory=lambda: ["countdown-3"])
-    kls: list[str] = _f(factory=lambda: ["forward", "reverse"])
-    lrs: list[float] = _f(factory=lambda: [1e-4, 5e-4])
+    kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=KL_KINDS)
+    lrs: list[float] = _f(factory=lambda: [1e-4, 5e-4], **LEARNING_RATE)
     seeds: list[int] = _f(factory=lambda: [0, 1], lo=0)
 
 
 @dataclass
-class RLVRSpec:
-    """GRPO from distilled checkpoints (kdlab.engine.rlvr); see STUDY.md finding 11."""
+class RLVRSpec(GRPOSettings):
+    """GRPO from distilled checkpoints (kdlab.engine.rlvr); see STUDY.md finding 11. The GRPO
+    settings (steps, lr, group size, ...) are ``kdlab.engine.rlvr.GRPOSettings``; these fields say
+    what the study runs."""
     enabled: bool = _f(False)
     task: str = _f("countdown-4", choices=("countdown-3", "countdown-4", "countdown-4e"))
     starts: list[str] = _f(factory=lambda: ["base", "off/forward/0", "off/reverse/0", "on/forward/0", "on/reverse/0"],
                            doc="'base' or policy/kl/lr-index of distilled runs (first grid task, first seed); "
                                "the study runner saves those runs' students and starts GRPO from each")
-    steps: int = _f(300, lo=1, bound="steps")
-    prompts_per_step: int = _f(16, lo=1, bound="batch")
-    group_size: int = _f(8, lo=2, bound="samples")
-    lr: float = _f(1e-5, lo=0.0, lo_open=True, hi=1.0)
-    clip_eps: float = _f(0.2, lo=1e-3, hi=1.0)
-    kl_coef: float = _f(0.0, lo=0.0)
-    temperature: float = _f(1.0, lo=1e-3, hi=10.0)
-    inner_epochs: int = _f(1, lo=1, bound="steps")
-    dtype: str = _f("bf16", choices=DTYPES)
-    grad_clip: float | None = _f(1.0, lo=0.0)
     eval_every: int = _f(25, lo=0, bound="steps")
     n_eval: int = _f(200, lo=1, bound="problems")
-    collapse_window: int = _f(20, lo=1, bound="steps")
-    collapse_drop: float = _f(0.2, lo=0.0, hi=1.0)
     seeds: list[int] = _f(factory=lambda: [0], lo=0)
 
 
@@ -195,7 +128,7 @@ class StyleSpec:
     n_test: int = _f(200, lo=1, bound="problems")
     policies: list[str] = _f(factory=lambda: ["off", "on"], choices=("off", "on"))
     kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=KL_KINDS)
-    lrs: list[float] = _f(factory=list, doc="learning rates of the style runs; [] = the grid's first (low) rate")
+    lrs: list[float] = _f(factory=list, **LEARNING_RATE, doc="learning rates of the style runs; [] = the grid's first (low) rate")
     seeds: list[int] = _f(factory=lambda: [0], lo=0)
 
 
@@ -232,7 +165,7 @@ class SFTSpec:
     """Supervised fine-tuning of a real base on its tasks' reference solutions (kdlab.study.recipes)."""
     steps: int = _f(0, lo=0, bound="steps", doc="0 = no fine-tuning")
     batch_size: int = _f(16, lo=1, bound="batch")
-    lr: float = _f(1e-4, lo=0.0, lo_open=True, hi=1.0)
+    lr: float = _f(1e-4, **LEARNING_RATE)
     warmup: int = _f(10, lo=0, bound="steps")
     micro_batch_size: int = _f(0, lo=0, bound="batch", doc="rows per forward/backward; 0 = the whole batch")
     seed: int = _f(0, lo=0)
@@ -258,9 +191,10 @@ class PretrainedSpec:
     device: str = _f("auto", doc="auto (a GPU when one is visible), cpu, cuda or cuda:N; a GPU asked for must exist "
                      "(kdlab.study.preflight)")
     gradient_checkpointing: bool = _f(True)
-    micro_batch_size: int = _f(0, lo=0, bound="batch", doc="rows per forward/backward (gradient accumulation); "
+    micro_batch_size: int = _f(RunConfig.micro_batch_size, lo=0, bound="batch",
+                               doc="rows per forward/backward (gradient accumulation) of a distillation run; "
                                "0 = whole batch")
-    kl_chunk_size: int = _f(0, lo=0, doc="chunked full-vocabulary KL (kdlab.core.kl); 0 = off")
+    kl_chunk_size: int = _f(RunConfig.kl_chunk_size, lo=0, doc="chunked full-vocabulary KL (kdlab.core.kl); 0 = off")
     max_prompt_tokens: int = _f(1024, lo=1, bound="tokens", doc="longer prompts are an error, not truncated")
     teacher_system_prompt: str = _f("", doc="style experiment: a system prompt only the teacher sees")
     ray_address: str = _f("", doc="run the grid on this Ray cluster ('auto', 'host:port'); '' = local workers")
@@ -281,54 +215,10 @@ class Profile:
     pretrained: PretrainedSpec = _f(factory=PretrainedSpec)
     rlvr: RLVRSpec = _f(factory=RLVRSpec)
     style: StyleSpec = _f(factory=StyleSpec)
-    data_seed: int = _f(0, lo=0)
+    data_seed: int = _f(RunConfig.data_seed, lo=0)
     threads: int = _f(0, lo=0, doc="torch threads per run; 0 = choose from cores and workers")
     companions: dict[str, Any] = _f(factory=dict, doc="robustness variants: {suffix: overrides}; each runs this "
                                     "profile's main grid with the overrides as study <name>-<suffix> (see companion_profile)")
-
-
-def _type_ok(value: Any, tp: Any) -> tuple[bool, Any]:
-    """Check (and lightly coerce) ``value`` against a type hint; returns (ok, value)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        for arg in typing.get_args(tp):
-            ok, v = _type_ok(value, arg)
-            if ok:
-                return True, v
-        return False, value
-    if tp is type(None):
-        return value is None, value
-    if tp is bool:
-        return isinstance(value, bool), value
-    if tp is int:
-        return isinstance(value, int) and not isinstance(value, bool), value
-    if tp is float:
-        if isinstance(value, str):  # YAML reads 1e-4 (no dot) as a string
-            try:
-                return True, float(value)
-            except ValueError:
-                return False, value
-        return isinstance(value, (int, float)) and not isinstance(value, bool), float(value) if isinstance(value, (int, float)) else value
-    if tp is str:
-        return isinstance(value, str), value
-    if origin is dict:
-        return isinstance(value, dict), value
-    if origin is list:
-        if not isinstance(value, list):
-            return False, value
-        (arg,) = typing.get_args(tp)
-        out = []
-        for item in value:
-            ok, v = _type_ok(item, arg)
-            if not ok:
-                return False, value
-            out.append(v)
-        return True, out
-    return isinstance(value, tp), value
-
-
-def _type_name(tp: Any) -> str:
-    return str(tp).replace("typing.", "").replace("<class '", "").replace("'>", "")
 
 
 def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
@@ -352,39 +242,8 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
                 raise ConfigError(f"{key}: {value!r} has the wrong type; expected a list of mappings")
             kwargs[name] = [from_dict(typing.get_args(tp)[0], item, f"{key}[{i}].") for i, item in enumerate(value)]
             continue
-        ok, value = _type_ok(value, tp)
-        if not ok:
-            raise ConfigError(f"{key}: {value!r} has the wrong type; expected {_type_name(tp)}")
-        _check_range(key, value, meta)
-        kwargs[name] = value
-    obj = cls(**kwargs)
-    return obj
-
-
-def _check_range(key: str, value: Any, meta: Any) -> None:
-    items = value if isinstance(value, list) else [value]
-    for v in items:
-        if v is None:
-            continue
-        if isinstance(v, float) and not math.isfinite(v):
-            raise ConfigError(f"{key}: {v!r} is not a finite number")
-        if meta.get("lo_open") and v <= meta["lo"]:
-            raise ConfigError(f"{key}: {v!r} must be above {meta['lo']}")
-        if meta.get("choices") and v not in meta["choices"]:
-            raise ConfigError(f"{key}: {v!r} is not a valid choice; choose from {list(meta['choices'])}")
-        if meta.get("lo") is not None and v < meta["lo"]:
-            raise ConfigError(f"{key}: {v!r} is below the minimum {meta['lo']}")
-        if meta.get("hi") is not None and v > meta["hi"]:
-            raise ConfigError(f"{key}: {v!r} is above the maximum {meta['hi']}")
-        if meta.get("bound") is not None:
-            _check_bound(key, v, meta["bound"])
-
-
-def _check_bound(key: str, value: Any, kind: str) -> None:
-    """``ConfigError`` when ``value`` is above the bound of its kind of size (``BOUNDS``)."""
-    top, why = BOUNDS[kind]
-    if value > top:
-        raise ConfigError(f"{key}: {value!r} is above the bound {top:,} ({why})")
+        kwargs[name] = check_value(key, value, tp, meta)
+    return cls(**kwargs)
 
 
 def validate_profile(p: Profile) -> Profile:
@@ -442,18 +301,6 @@ def validate_profile(p: Profile) -> Profile:
     for t in p.grid.tasks + p.grid.lambda_tasks + p.eval.harder:
         if t not in valid:
             raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {valid}")
-    for pol in p.grid.policies:
-        if pol not in POLICIES:
-            raise ConfigError(f"grid.policies: {pol!r} is not a valid choice; choose from {list(POLICIES)}")
-    for kl in p.grid.kls:
-        if kl not in KL_KINDS:
-            raise ConfigError(f"grid.kls: {kl!r} is not a valid choice; choose from {list(KL_KINDS)}")
-    for lam in p.grid.lambdas:
-        if not -3.0 <= lam <= 3.0:
-            raise ConfigError(f"grid.lambdas: {lam!r} is outside [-3, 3]")
-    for lr in p.grid.lrs:
-        if not 0 < lr < 1:
-            raise ConfigError(f"grid.lrs: {lr!r} must be in (0, 1)")
     if not p.grid.seeds:
         raise ConfigError("grid.seeds: must list at least one seed")
     if not p.eval.pass_ks:
@@ -461,9 +308,6 @@ def validate_profile(p: Profile) -> Profile:
     if p.rlvr.enabled:
         for start in p.rlvr.starts:
             parse_start(p, start)
-    for lr in p.style.lrs:
-        if not 0 < lr < 1:
-            raise ConfigError(f"style.lrs: {lr!r} must be in (0, 1)")
     if p.style.enabled and p.trace not in ("steps", "search"):
         raise ConfigError(f"style.enabled: needs countdown traces in style 'steps' or 'search', got trace {p.trace!r}")
     if p.trace == "dfs":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .config import Profile, parse_start
 from ..engine.run_config import RunConfig
-from .runs import run_config_from
+from .contract import run_config
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def rlvr_start(profile: Profile, spec: str, seed: int) -> RLVRStart:
     if parsed is None:
         return RLVRStart(spec, seed, None)
     policy, kl, lr = parsed
-    cfg = run_config_from(profile, task=profile.grid.tasks[0], policy=policy, kl=kl, lr=lr, seed=profile.grid.seeds[0])
+    cfg = run_config(profile, task=profile.grid.tasks[0], policy=policy, kl=kl, lr=lr, seed=profile.grid.seeds[0])
     return RLVRStart(spec, seed, cfg.run_id, policy, kl, lr)
 
 
@@ -89,5 +89,5 @@ def style_cells(profile: Profile) -> list[RunConfig]:
     if not st.enabled:
         return []
     lrs = st.lrs or profile.grid.lrs[:1]
-    return [run_config_from(profile, task=st.task, policy=policy, kl=kl, lr=lr, seed=seed)
+    return [run_config(profile, task=st.task, policy=policy, kl=kl, lr=lr, seed=seed)
             for policy in st.policies for kl in st.kls for lr in lrs for seed in st.seeds]

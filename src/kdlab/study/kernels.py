@@ -364,7 +364,7 @@ def _redo_in_a_fresh_kernel(kernel: WarmKernel, job: Job, recorded: bool, ctx: "
 def _release_after_oom(kernel: WarmKernel, job: Job, outcome: NotebookOutcome) -> None:
     """After a run ran out of GPU memory: add the settings to lower to its error and release the
     kernel's memory (a kernel that cannot is replaced); the worker goes on in it."""
-    outcome.error["remedy"] = oom_remedy(dict(job.params).get("run"))
+    outcome.error["remedy"] = oom_remedy(dict(job.params).get("contract", {}).get("run"))
     try:
         kernel.run_code(RELEASE)
     except Exception as e:  # noqa: BLE001 - a kernel that cannot release is replaced
@@ -442,10 +442,11 @@ def _record_fault(job: Job, ctx: "Context", outcome: NotebookOutcome) -> Noteboo
 def papermill_run(notebook: str, output: str, parameters: dict[str, Any], cwd: str, kernel_name: str = KERNEL_NAME) -> dict[str, Any]:
     """Execute the run notebook with papermill in a fresh kernel (how a run executes on a Ray
     worker); returns its metrics. Raises (papermill's ``PapermillExecutionError``) when a cell
-    fails: the Ray executor records that as the run's ``error.json``."""
+    fails: the Ray executor records that as the run's ``error.json``. The run's folder is its
+    contract's ``out_dir``."""
     import papermill as pm
 
-    run_dir = Path(parameters["out_dir"])
+    run_dir = Path(parameters["contract"]["out_dir"])
     if run_dir.exists() and record_problems(run_dir):
         shutil.rmtree(run_dir)  # an unfinished earlier attempt
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -3,7 +3,8 @@
 - ``expand_grid`` / ``schedule``: the grid cells of a profile (tasks x policies x KLs x rates x
   seeds, then the lambda spectrum), in grid order and in the order workers start them;
 - ``Job``: one notebook execution (a grid cell, a style run or an RLVR start) with the one
-  parameter that carries its whole configuration (``run``: ``RunConfig`` as a dict);
+  parameter that carries its whole configuration (a grid or style run: ``contract``, its
+  ``kdlab.study.contract.RunContract`` as a mapping);
 - completeness: a run directory whose ``metrics.json`` and ``history.json`` hold the fields the
   results table reads (``kdlab.study.records``) is complete (never redone); anything less is redone;
 - ``check_params``: the resolved profile kept as ``params.yaml``; a rerun with other settings
@@ -13,7 +14,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from ..engine.run_config import RunConfig
 from .followups import RLVRStart
 from ..core.atomic import write_text_atomic
 from .records import record_problems
-from .runs import run_config_from
+from .contract import contract_for, run_config
 from .building import study_model_paths
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[3] / "notebooks"
@@ -96,7 +97,7 @@ def expand_grid(profile: Profile) -> list[RunConfig]:
             for kl in g.kls:
                 for lr in g.lrs:
                     for seed in g.seeds:
-                        add(run_config_from(profile, task=task, policy=policy, kl=kl, lr=lr, seed=seed))
+                        add(run_config(profile, task=task, policy=policy, kl=kl, lr=lr, seed=seed))
     for task in g.lambda_tasks:
         for lam in g.lambdas:
             lam = _lam_key(lam)
@@ -104,7 +105,7 @@ def expand_grid(profile: Profile) -> list[RunConfig]:
             for kl in g.kls:
                 for lr in g.lrs:
                     for seed in g.seeds:
-                        add(run_config_from(profile, task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed))
+                        add(run_config(profile, task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed))
     return list(cells.values())
 
 
@@ -147,20 +148,20 @@ class Job:
         return run_is_complete(self.out_dir, self.kind) and all((self.out_dir / r).exists() for r in self.requires)
 
     def parameters(self, params_path: Path, outputs: Path, threads: int, recorded: bool) -> dict[str, Any]:
-        """The notebook's parameters: the study-wide ones, then the job's own (its whole run
-        configuration as one ``run`` mapping, for a grid or style run)."""
-        return {"params": str(params_path), "outputs": str(outputs), **dict(self.params), "out_dir": str(self.out_dir),
-                "threads": threads, "recorded": recorded}
+        """The notebook's parameters: a run's contract (it names everything the run reads and
+        writes), or for an RLVR start the study-wide ones and its own; then the kernel's."""
+        own = dict(self.params)
+        where = {} if "contract" in own else {"params": str(params_path), "outputs": str(outputs), "out_dir": str(self.out_dir)}
+        return {**where, **own, "threads": threads, "recorded": recorded}
 
 
-def run_job(study_dir: Path, cfg: RunConfig, save: set[str] = frozenset(), style: bool = False) -> Job:
-    """The job of a grid cell (``runs/<run_id>``) or of a style run (``style/<run_id>``); a run in
-    ``save`` keeps its distilled student."""
+def run_job(profile: Profile, outputs: Path, cfg: RunConfig, save: set[str] = frozenset(), style: bool = False) -> Job:
+    """The job of a grid cell (``runs/<run_id>``) or of a style run (``style/<run_id>``) of
+    ``profile`` under the outputs root ``outputs``; a run in ``save`` keeps its distilled student."""
     keep = cfg.run_id in save
-    return Job(id=("style/" if style else "") + cfg.run_id, notebook=RUN_NB,
-               out_dir=study_dir / ("style" if style else "runs") / cfg.run_id,
-               params=(("run", asdict(cfg)), ("save_student", keep), ("style", style)),
-               requires=("student/config.json",) if keep else ())
+    contract = contract_for(profile, cfg, outputs, save_student=keep, style=style)
+    return Job(id=("style/" if style else "") + cfg.run_id, notebook=RUN_NB, out_dir=contract.out_dir,
+               params=(("contract", contract.to_json()),), requires=("student/config.json",) if keep else ())
 
 
 def rlvr_job(study_dir: Path, start: RLVRStart) -> Job:

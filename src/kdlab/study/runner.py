@@ -158,9 +158,9 @@ def _run_locked(profile: Profile, study_dir: Path, outputs: Path, workers: int, 
     cells = expand_grid(profile)
     params_path = _check_params(study_dir, profile)
     save = students_to_save(profile)
-    grid_jobs = [run_job(study_dir, c, save) for c in cells]
-    order = [run_job(study_dir, c, save) for c in schedule(cells)]
-    extra_jobs = [run_job(study_dir, c, style=True) for c in style_cells(profile)]
+    grid_jobs = [run_job(profile, outputs, c, save) for c in cells]
+    order = [run_job(profile, outputs, c, save) for c in schedule(cells)]
+    extra_jobs = [run_job(profile, outputs, c, style=True) for c in style_cells(profile)]
     extra_jobs += [rlvr_job(study_dir, s) for s in rlvr_starts(profile)]
     todo, todo_extra = _pending(grid_jobs, order), _pending(extra_jobs)
     invalid = invalid_records([j for j, recorded in todo + todo_extra if not recorded])

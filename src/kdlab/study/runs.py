@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any, Callable
 
@@ -18,9 +18,10 @@ import torch
 from . import building, materials
 from ..models.codec import CHAR
 from .config import Profile
+from .contract import RunContract
 from ..engine.data import ProblemPool
 from ..core.dtypes import DTYPE_NAMES, DTYPES
-from ..engine.run_config import RunConfig
+from ..engine.run_config import GRPOSettings, RunConfig
 from ..engine.trainer import compute_dtype_of, upcast
 from ..engine.distill import distill
 from ..engine.offpd import offpd_rollouts, offpd_teacher_logits
@@ -35,22 +36,6 @@ from ..engine.rlvr import RLVRConfig, grpo_train
 from .style_teacher import style_teacher_path
 
 TRAIN_POOL = 5000  # distinct training problems a run draws its prompts from
-
-
-def run_config_from(profile: Profile, *, task: str | None = None, policy: str = "off", lam: float | None = None,
-                    kl: str = "forward", lr: float | None = None, seed: int = 0) -> RunConfig:
-    """A RunConfig for one grid cell, taking the shared settings from ``profile.distill``."""
-    d = profile.distill
-    return RunConfig(task=task or profile.grid.tasks[0], policy=policy,
-                     lam=lam if lam is not None else (-1.0 if policy == "off" else 1.0), kl=kl,
-                     lr=lr if lr is not None else profile.grid.lrs[0], seed=seed, steps=d.steps,
-                     batch_size=d.batch_size, temperature=d.temperature, grad_clip=d.grad_clip, dtype=d.dtype,
-                     compute_dtype=d.compute_dtype,
-                     jsd_beta=d.jsd_beta, sampled_direction=d.sampled_direction, logratio_clip=d.logratio_clip, plausibility_alpha=d.plausibility_alpha,
-                     offpd_pool=d.offpd_pool, warmup=d.warmup, weight_decay=d.weight_decay, data_seed=profile.data_seed,
-                     micro_batch_size=profile.pretrained.micro_batch_size, kl_chunk_size=profile.pretrained.kl_chunk_size,
-                     teacher_temperature=d.teacher_temperature, student_temperature=d.student_temperature,
-                     fused_adamw=d.fused_adamw)
 
 
 def training_details(cfg: RunConfig, optimizer: str) -> dict[str, Any]:
@@ -180,18 +165,18 @@ def style_metrics(model: torch.nn.Module, profile: Profile, codec=CHAR) -> dict[
             "style_accuracy": rep["accuracy"], **{f"style_{k}": rep[k] for k in ("plain", "alt", "none")}}
 
 
-def execute_run(profile: Profile, cfg: RunConfig, out_dir: str | Path, models_root: str | Path,
-                save_student: bool = False, progress: bool = True, train_missing: bool = True,
-                style: bool = False) -> dict[str, Any]:
-    """Run one distillation end to end and write ``out_dir/{history.json,metrics.json}``
-    (and ``out_dir/student/`` with ``save_student``).
+def execute_run(contract: RunContract, progress: bool = True, train_missing: bool = True) -> dict[str, Any]:
+    """Run one distillation end to end, as its ``contract`` says (``kdlab.study.contract``), and write
+    ``out_dir/{history.json,metrics.json,config.json}`` (and ``out_dir/student/`` with ``save_student``).
 
-    ``style=True`` is an incidental-style-transfer run: the teacher is the profile's style teacher
-    (``kdlab.study.style_teacher``), it sees the instructed prompt (``kdlab.evaluation.style.teacher_prompt``) while
-    the student sees its usual one, and the metrics add ``style_*`` (``style_metrics``) for the
-    distilled student and ``base_style_*`` for the student base."""
+    A style run (``contract.style``) is an incidental-style-transfer run: the teacher is the profile's
+    style teacher (``kdlab.study.style_teacher``), it sees the instructed prompt
+    (``kdlab.evaluation.style.teacher_prompt``) while the student sees its usual one, and the
+    metrics add ``style_*`` (``style_metrics``) for the distilled student and ``base_style_*`` for
+    the student base. ``train_missing``: build a model the store lacks (else a clear error)."""
     t0 = time.perf_counter()
-    out_dir, models_root = Path(out_dir), Path(models_root)
+    profile, cfg, out_dir, models_root = contract.profile, contract.run, contract.out_dir, contract.models_root
+    style, save_student = contract.style, contract.save_student
     cache_root = models_root.parent / "cache"
     paths = building.model_paths(profile, models_root, progress=progress, train=train_missing)
     task = materials.target_task(profile, cfg.task)
@@ -284,10 +269,7 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
     model, codec = materials.load_model(profile, start_dir, "fp32", train=True)  # grpo_train casts to rlvr.dtype
     task = materials.target_task(profile, r.task)
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=profile.data_seed)
-    cfg = RLVRConfig(steps=r.steps, prompts_per_step=r.prompts_per_step, group_size=r.group_size, lr=r.lr,
-                     clip_eps=r.clip_eps, kl_coef=r.kl_coef, temperature=r.temperature, inner_epochs=r.inner_epochs,
-                     dtype=r.dtype, grad_clip=r.grad_clip, seed=seed, collapse_window=r.collapse_window,
-                     collapse_drop=r.collapse_drop)
+    cfg = RLVRConfig(**{f.name: getattr(r, f.name) for f in fields(GRPOSettings)}, seed=seed)
     eval_problems = held_out(task, r.n_eval, seed=profile.data_seed)
     result = grpo_train(model, task, cfg, pool, eval_fn=lambda m: accuracy(m, task, eval_problems, codec=codec),
                         eval_every=r.eval_every, progress=progress, codec=codec)

@@ -1,0 +1,85 @@
+"""The run contract: one distillation run, whole, built once from a validated profile.
+
+A run is a grid cell (task, policy, lambda, KL, learning rate, seed) plus the profile's validated
+sections. The profile is read and validated once, by the command that starts the work
+(``kdlab.study.config.load_profile``: one rule per field, declared with the field). From it:
+
+- ``run_config`` builds the engine's ``RunConfig``: the cell, the profile's ``distill`` section
+  as it stands (``DistillSettings``: the same class, so no field is copied by hand) and the
+  machine's memory settings;
+- ``RunContract`` adds where the run writes and what it keeps;
+- ``to_json`` / ``from_json`` carry it to the run notebook as one mapping (the study runner's
+  papermill parameter ``contract``), which rebuilds it and hands it to
+  ``kdlab.study.runs.execute_run``. Nothing is read from YAML, derived from the profile or
+  defaulted a second time; rebuilding the dataclasses applies their field rules again (the same
+  rules), not a second set.
+
+``kdlab distill``, the study runner and the sharded launcher (``kdlab.study.fsdp_run``) all build
+a run this way.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .config import Profile, from_dict, to_dict
+from ..engine.run_config import RunConfig
+
+
+def run_config(profile: Profile, *, task: str, policy: str, kl: str, lr: float, seed: int,
+               lam: float | None = None) -> RunConfig:
+    """The ``RunConfig`` of one grid cell of ``profile`` (ConfigError/ValueError on a bad cell)."""
+    return RunConfig(**asdict(profile.distill), task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed,
+                     data_seed=profile.data_seed, micro_batch_size=profile.pretrained.micro_batch_size,
+                     kl_chunk_size=profile.pretrained.kl_chunk_size)
+
+
+@dataclass
+class RunContract:
+    """One run: its profile (validated), its ``RunConfig`` (a cell of that profile), the folder it
+    writes (``history.json``, ``metrics.json``, ``config.json``, with ``save_student`` the
+    distilled ``student/``), the model store it reads, and whether it is a style run."""
+
+    profile: Profile
+    run: RunConfig
+    out_dir: Path
+    models_root: Path
+    save_student: bool = False
+    style: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        """The contract as plain JSON values (a papermill parameter)."""
+        return {"profile": to_dict(self.profile), "run": asdict(self.run), "out_dir": str(self.out_dir),
+                "models_root": str(self.models_root), "save_student": self.save_student, "style": self.style}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunContract":
+        """The contract ``to_json`` wrote."""
+        unknown = sorted(set(data) - {"profile", "run", "out_dir", "models_root", "save_student", "style"})
+        if unknown:
+            raise ValueError(f"a run contract has no key {unknown[0]!r}")
+        return cls(profile=from_dict(Profile, data["profile"]), run=RunConfig(**data["run"]),
+                   out_dir=Path(data["out_dir"]), models_root=Path(data["models_root"]),
+                   save_student=bool(data.get("save_student", False)), style=bool(data.get("style", False)))
+
+
+def run_dir(profile: Profile, outputs: str | Path, cfg: RunConfig, style: bool = False) -> Path:
+    """Where a run of ``profile`` writes: ``<outputs>/<study>/runs/<run_id>`` (``style/`` for a style run)."""
+    return Path(outputs).resolve() / profile.name / ("style" if style else "runs") / cfg.run_id
+
+
+def contract_for(profile: Profile, cfg: RunConfig, outputs: str | Path, *, out_dir: str | Path | None = None,
+                 save_student: bool = False, style: bool = False) -> RunContract:
+    """The contract of run ``cfg`` of ``profile`` under the outputs root ``outputs`` (models in
+    ``<outputs>/models``); ``out_dir`` None: ``run_dir``."""
+    outputs = Path(outputs).resolve()
+    return RunContract(profile=profile, run=cfg, out_dir=Path(out_dir).resolve() if out_dir else run_dir(profile, outputs, cfg, style),
+                       models_root=outputs / "models", save_student=save_student, style=style)
+
+
+def first_cell(profile: Profile, outputs: str | Path) -> RunContract:
+    """The contract of the profile's first grid cell (what the run notebook shows when opened by hand)."""
+    g = profile.grid
+    return contract_for(profile, run_config(profile, task=g.tasks[0], policy=g.policies[0], kl=g.kls[0], lr=g.lrs[0],
+                                            seed=g.seeds[0]), outputs)

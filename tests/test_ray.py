@@ -133,19 +133,18 @@ def test_run_on_ray_skips_complete_runs_and_records_failures(executor, tmp_path)
 def test_a_paper_scale_run_as_a_ray_task(executor, tmp_path):
     """kdlab.study.fsdp_run on tiny checkpoints, one Ray task, then skipped on the second sweep."""
     pytest.importorskip("accelerate", reason="accelerate is not installed; kdlab.study.fsdp_run needs it")
-    from kdlab.study.fsdp_run import run_kwargs
-    from tiny_hf import build_pair, write_synthetic_choice
+    from kdlab.study.fsdp_run import run_argv
+    from tiny_hf import write_real_profile
 
-    teacher, student = build_pair(tmp_path, "llama")
+    profile = write_real_profile(tmp_path / "models", "llama")
     out = tmp_path / "run"
-    kwargs = dict(student=str(student), teacher=str(teacher), task_kind="choice", out_dir=str(out),
-                  task_path=str(write_synthetic_choice(tmp_path / "train.jsonl")), policy="on", steps=2,
-                  batch_size=2, max_new_tokens=4, dtype="fp32", lr=1e-3, cpu=True, threads=1, n_eval=2)
-    (first,) = run_on_ray("unused", [RunSpec(str(out), run_kwargs, kwargs)], executor=executor)
+    kwargs = dict(argv=[str(profile), "--outputs", str(tmp_path / "outputs"), "--task", "mc", "--policy", "on",
+                        "--out", str(out), "--cpu", "--threads", "1", "--set", "eval.n_test=2"])
+    (first,) = run_on_ray("unused", [RunSpec(str(out), run_argv, kwargs)], executor=executor)
     assert first.status == "done", first.error
     metrics = json.loads((out / "metrics.json").read_text())
     assert first.value == metrics and metrics["steps_done"] == 2 and 0 <= metrics["accuracy"] <= 1
-    (second,) = run_on_ray("unused", [RunSpec(str(out), run_kwargs, kwargs)], executor=executor)
+    (second,) = run_on_ray("unused", [RunSpec(str(out), run_argv, kwargs)], executor=executor)
     assert second.status == "skipped" and second.value == metrics
 
 

@@ -18,7 +18,7 @@ from .study.materials import is_real
 from .study.teachers import model_table, model_paths as toy_paths, capacity_paths
 from .study.report_tables import format_table
 from .study import runs
-from .study.contract import contract_for, run_config
+from .study.contract import cell_contract
 from .evaluation.evaluate import error_modes
 from .models.toy import load_checkpoint, checkpoint_meta
 from .tasks import get_task
@@ -97,20 +97,12 @@ def cmd_distill(args) -> int:
     import torch
 
     profile = _profile(args)
-    g = profile.grid
-    tasks = list(dict.fromkeys(g.tasks + (g.lambda_tasks if g.lambdas else [])))
-    if args.task is not None and args.task not in tasks:
-        raise ConfigError(f"--task {args.task!r}: profile {args.params} distils {tasks} (its teachers are for those); "
-                          f"add it to grid.tasks to build its teacher")
-    # The cell: each flag not given is the profile's first grid value (one default, the profile's); the
-    # flags meet the rules of RunConfig's fields, the same rules as the profile's grid lists.
-    pick = lambda flag, values: values[0] if flag is None else flag  # noqa: E731
     try:
-        cfg = run_config(profile, task=pick(args.task, g.tasks), policy=pick(args.policy, g.policies),
-                         lam=args.lam, kl=pick(args.kl, g.kls), lr=pick(args.lr, g.lrs), seed=pick(args.seed, g.seeds))
+        contract = cell_contract(profile, _outputs_root(args), task=args.task, policy=args.policy, lam=args.lam,
+                                 kl=args.kl, lr=args.lr, seed=args.seed, out_dir=args.out, save_student=args.save_student)
     except ConfigError as e:
-        raise ConfigError(f"--{e}") from None
-    contract = contract_for(profile, cfg, _outputs_root(args), out_dir=args.out, save_student=args.save_student)
+        raise ConfigError(str(e).replace("the profile distils", f"profile {args.params} distils")) from None
+    cfg = contract.run
     out = contract.out_dir
     dropped = [d for d in dropped_values(profile) if d.startswith("eval.")]  # (the flags pick the one cell)
     if dropped:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import Profile, from_dict, to_dict
+from .config import ConfigError, Profile, from_dict, to_dict
 from ..engine.run_config import RunConfig
 
 
@@ -78,8 +78,26 @@ def contract_for(profile: Profile, cfg: RunConfig, outputs: str | Path, *, out_d
                        models_root=outputs / "models", save_student=save_student, style=style)
 
 
+def cell_contract(profile: Profile, outputs: str | Path, *, task: str | None = None, policy: str | None = None,
+                  kl: str | None = None, lr: float | None = None, seed: int | None = None, lam: float | None = None,
+                  out_dir: str | Path | None = None, save_student: bool = False) -> RunContract:
+    """The contract of the cell that command-line flags name (``kdlab distill``, ``kdlab.study.fsdp_run``):
+    each flag not given is the profile's first grid value (the one default, the profile's). The
+    flags meet the rules of ``RunConfig``'s fields, named as flags (``--lr: ...``)."""
+    g = profile.grid
+    tasks = list(dict.fromkeys(g.tasks + (g.lambda_tasks if g.lambdas else [])))
+    if task is not None and task not in tasks:
+        raise ConfigError(f"--task {task!r}: the profile distils {tasks} (its teachers are for those); "
+                          f"add it to grid.tasks to build its teacher")
+    pick = lambda flag, values: values[0] if flag is None else flag  # noqa: E731
+    try:
+        cfg = run_config(profile, task=pick(task, g.tasks), policy=pick(policy, g.policies), lam=lam,
+                         kl=pick(kl, g.kls), lr=pick(lr, g.lrs), seed=pick(seed, g.seeds))
+    except ConfigError as e:
+        raise ConfigError(f"--{e}") from None
+    return contract_for(profile, cfg, outputs, out_dir=out_dir, save_student=save_student)
+
+
 def first_cell(profile: Profile, outputs: str | Path) -> RunContract:
     """The contract of the profile's first grid cell (what the run notebook shows when opened by hand)."""
-    g = profile.grid
-    return contract_for(profile, run_config(profile, task=g.tasks[0], policy=g.policies[0], kl=g.kls[0], lr=g.lrs[0],
-                                            seed=g.seeds[0]), outputs)
+    return cell_contract(profile, outputs)

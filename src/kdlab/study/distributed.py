@@ -162,8 +162,8 @@ class RayExecutor:
 class RunSpec:
     """One run of a sweep: ``fn(**kwargs)`` fills ``out_dir``; ``out_dir/metrics.json`` marks it
     complete. If ``fn`` returns a dict and has not written metrics.json itself, the dict is
-    written there (atomically). Example: ``RunSpec(out_dir, kdlab.study.runs.execute_run,
-    dict(profile=..., cfg=..., out_dir=out_dir, models_root=...))``."""
+    written there (atomically). Example: ``RunSpec(out_dir, kdlab.study.fsdp_run.run_argv,
+    dict(argv=[profile_path, "--task", "mc", "--policy", "on", "--out", out_dir]))``."""
 
     out_dir: str
     fn: Callable[..., Any]

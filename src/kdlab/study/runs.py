@@ -92,7 +92,11 @@ def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, see
 
 def base_evaluation(profile: Profile, student_dir: Path, task_name: str, cache_root: Path) -> dict[str, float]:
     """The student base's evaluation, computed once per (base, task, eval settings) and cached."""
-    forgetting = asdict(profile.pretrained) if materials.is_real(profile) else None
+    # what of a real profile's models and forgetting set the scores depend on (not its training
+    # memory settings, nor where runs are scheduled)
+    training_only = ("micro_batch_size", "kl_chunk_size", "gradient_checkpointing", "ray_address", "gpus_per_run")
+    forgetting = ({k: v for k, v in asdict(profile.pretrained).items() if k not in training_only}
+                  if materials.is_real(profile) else None)
     path = cache_root / "base_eval" / (f"{task_name}-" + _key(materials.model_id(student_dir), task_name,
                                                               asdict(profile.eval), profile.trace, profile.data_seed,
                                                               *([forgetting] if forgetting else [])) + ".json")
@@ -165,7 +169,24 @@ def style_metrics(model: torch.nn.Module, profile: Profile, codec=CHAR) -> dict[
             "style_accuracy": rep["accuracy"], **{f"style_{k}": rep[k] for k in ("plain", "alt", "none")}}
 
 
-def execute_run(contract: RunContract, progress: bool = True, train_missing: bool = True) -> dict[str, Any]:
+class Placement:
+    """Where a run's models live while it trains: on the profile's device, in this process (what
+    every run does, unless a launcher shards it: ``kdlab.study.fsdp_run.Sharded``)."""
+
+    def snapshot(self, student: torch.nn.Module, dtype: torch.dtype) -> dict[str, torch.Tensor] | None:
+        """The student's weights before training, in ``dtype`` (for update sparsity)."""
+        return {k: v.detach().to(dtype).clone() for k, v in student.named_parameters()}
+
+    def place(self, student: torch.nn.Module, teacher: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+        return student, teacher
+
+    def gather(self, student: torch.nn.Module, result: Any, out_dir: Path) -> torch.nn.Module | None:
+        """The trained student as one plain model where the run is evaluated and recorded, else None."""
+        return student
+
+
+def execute_run(contract: RunContract, progress: bool = True, train_missing: bool = True,
+                placement: Placement = Placement()) -> dict[str, Any] | None:
     """Run one distillation end to end, as its ``contract`` says (``kdlab.study.contract``), and write
     ``out_dir/{history.json,metrics.json,config.json}`` (and ``out_dir/student/`` with ``save_student``).
 
@@ -173,16 +194,15 @@ def execute_run(contract: RunContract, progress: bool = True, train_missing: boo
     style teacher (``kdlab.study.style_teacher``), it sees the instructed prompt
     (``kdlab.evaluation.style.teacher_prompt``) while the student sees its usual one, and the
     metrics add ``style_*`` (``style_metrics``) for the distilled student and ``base_style_*`` for
-    the student base. ``train_missing``: build a model the store lacks (else a clear error)."""
+    the student base. ``train_missing``: build a model the store lacks (else a clear error).
+    ``placement``: where the models train (``Placement``: this process, the profile's device); a
+    sharded run returns None on every process but the one that evaluates it."""
     t0 = time.perf_counter()
     profile, cfg, out_dir, models_root = contract.profile, contract.run, contract.out_dir, contract.models_root
     style, save_student = contract.style, contract.save_student
     cache_root = models_root.parent / "cache"
     paths = building.model_paths(profile, models_root, progress=progress, train=train_missing)
     task = materials.target_task(profile, cfg.task)
-    t_eval0 = time.perf_counter()
-    base = base_evaluation(profile, paths["student"], cfg.task, cache_root)
-    base_eval_s = time.perf_counter() - t_eval0
     teacher_prompt = None
     if style:
         teacher_prompt = instructed_prompt
@@ -205,12 +225,17 @@ def execute_run(contract: RunContract, progress: bool = True, train_missing: boo
                                  codec=codec) if cfg.policy == "off" else None)
     offpd_s = time.perf_counter() - t_off0
     dtype = DTYPES[cfg.dtype]
-    before = {k: v.detach().to(dtype).clone() for k, v in student.named_parameters()}
+    before = placement.snapshot(student, dtype)
+    student, teacher = placement.place(student, teacher)
     result = distill(student, teacher, task, cfg, offpd=offpd, pool=pool, teacher_prompt=teacher_prompt,
                      progress=progress, codec=codec, teacher_system=materials.teacher_system(profile),
                      offpd_teacher_logits=logits)
     del teacher
+    student = placement.gather(student, result, out_dir)
+    if student is None:  # another process of a sharded run: the main one evaluates and records it
+        return None
     t_ev = time.perf_counter()
+    base = base_evaluation(profile, paths["student"], cfg.task, cache_root)
     judged = upcast(student, arith)
     after = evaluate_model(judged, profile, cfg.task, seed=cfg.seed, codec=codec)
     if style:
@@ -238,7 +263,7 @@ def execute_run(contract: RunContract, progress: bool = True, train_missing: boo
         "final_loss": result.history[-1]["loss"] if result.history else float("nan"),
         "wall_s": time.perf_counter() - t0,
         "time_rollout_s": result.phase_s.get("rollout", 0.0) + offpd_s, "time_step_s": result.phase_s.get("step", 0.0),
-        "time_eval_s": eval_s + base_eval_s,
+        "time_eval_s": eval_s,
     }
     write_json_atomic(out_dir / "history.json", result.history)
     if save_student:

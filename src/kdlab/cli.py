@@ -18,7 +18,7 @@ from .study.materials import is_real
 from .study.teachers import model_table, model_paths as toy_paths, capacity_paths
 from .study.report_tables import format_table
 from .study import runs
-from .study.contract import cell_contract
+from .study.contract import add_cell_flags, cell_contract
 from .evaluation.evaluate import error_modes
 from .models.toy import load_checkpoint, checkpoint_meta
 from .tasks import get_task
@@ -181,15 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("distill", parents=[common], help="one distillation run; writes metrics.json and history")
     p.add_argument("params")
-    first = "default: the profile's first grid value"
-    p.add_argument("--task", default=None, help=f"target task ({first})")
-    p.add_argument("--policy", default=None, choices=["off", "on", "lambda"], help=f"rollout policy ({first})")
-    p.add_argument("--lam", type=float, default=None, help="lambda of --policy lambda, in [-3, 3]")
-    p.add_argument("--kl", default=None, help=f"KL direction or estimator ({first})")
-    p.add_argument("--lr", type=float, default=None, help=f"learning rate ({first})")
-    p.add_argument("--seed", type=int, default=None, help=f"seed ({first})")
-    p.add_argument("--out", default=None)
-    p.add_argument("--save-student", action="store_true", help="save the distilled student checkpoint")
+    add_cell_flags(p)
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(fn=cmd_distill)
 

@@ -19,6 +19,7 @@ a run this way.
 """
 from __future__ import annotations
 
+import argparse
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,20 @@ def contract_for(profile: Profile, cfg: RunConfig, outputs: str | Path, *, out_d
     outputs = Path(outputs).resolve()
     return RunContract(profile=profile, run=cfg, out_dir=Path(out_dir).resolve() if out_dir else run_dir(profile, outputs, cfg, style),
                        models_root=outputs / "models", save_student=save_student, style=style)
+
+
+def add_cell_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that name one run of a profile (``kdlab distill``, ``kdlab.study.fsdp_run``), for
+    ``cell_contract``."""
+    first = "default: the profile's first grid value"
+    parser.add_argument("--task", default=None, help=f"target task ({first})")
+    parser.add_argument("--policy", default=None, choices=["off", "on", "lambda"], help=f"rollout policy ({first})")
+    parser.add_argument("--lam", type=float, default=None, help="lambda of --policy lambda, in [-3, 3]")
+    parser.add_argument("--kl", default=None, help=f"KL direction or estimator ({first})")
+    parser.add_argument("--lr", type=float, default=None, help=f"learning rate ({first})")
+    parser.add_argument("--seed", type=int, default=None, help=f"seed ({first})")
+    parser.add_argument("--out", default=None, help="run directory (default: <outputs>/<study>/runs/<run_id>)")
+    parser.add_argument("--save-student", action="store_true", help="save the distilled student checkpoint")
 
 
 def cell_contract(profile: Profile, outputs: str | Path, *, task: str | None = None, policy: str | None = None,

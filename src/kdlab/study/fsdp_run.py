@@ -50,7 +50,7 @@ from ..core.atomic import write_json_atomic
 from ..core.faults import KdlabError
 from . import building, materials
 from .config import ConfigError, load_profile, read_yaml
-from .contract import RunContract, cell_contract
+from .contract import RunContract, add_cell_flags, cell_contract
 from .preflight import check_profile
 from .runs import Placement, execute_run
 
@@ -144,17 +144,9 @@ def launch(contract: RunContract, cpu: bool = False, threads: int = 0, shard_tea
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m kdlab.study.fsdp_run", description=__doc__.split("\n\n")[0])
     parser.add_argument("params", help="profile YAML")
-    first = "default: the profile's first grid value"
-    parser.add_argument("--task", default=None, help=f"target task ({first})")
-    parser.add_argument("--policy", default=None, choices=["off", "on", "lambda"], help=f"rollout policy ({first})")
-    parser.add_argument("--lam", type=float, default=None, help="lambda of --policy lambda, in [-3, 3]")
-    parser.add_argument("--kl", default=None, help=f"KL direction or estimator ({first})")
-    parser.add_argument("--lr", type=float, default=None, help=f"learning rate ({first})")
-    parser.add_argument("--seed", type=int, default=None, help=f"seed ({first})")
+    add_cell_flags(parser)
     parser.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a parameter (dotted key)")
     parser.add_argument("--outputs", default="outputs", help="outputs root (models under <outputs>/models)")
-    parser.add_argument("--out", default=None, help="run directory (default: <outputs>/<study>/runs/<run_id>)")
-    parser.add_argument("--save-student", action="store_true", help="save the distilled student checkpoint")
     parser.add_argument("--cpu", action="store_true", help="processes on the CPU (gloo), as the tests run it")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per process on the CPU (0: cores / processes)")
     parser.add_argument("--no-shard-teacher", dest="shard_teacher", action="store_false",

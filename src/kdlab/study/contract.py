@@ -65,9 +65,14 @@ class RunContract:
                    save_student=bool(data.get("save_student", False)), style=bool(data.get("style", False)))
 
 
+def study_dir_of(profile: Profile, outputs: str | Path) -> Path:
+    """``<outputs>/<profile.name>``: everything one study writes."""
+    return Path(outputs).resolve() / profile.name
+
+
 def run_dir(profile: Profile, outputs: str | Path, cfg: RunConfig, style: bool = False) -> Path:
-    """Where a run of ``profile`` writes: ``<outputs>/<study>/runs/<run_id>`` (``style/`` for a style run)."""
-    return Path(outputs).resolve() / profile.name / ("style" if style else "runs") / cfg.run_id
+    """Where a run of ``profile`` writes: ``<study>/runs/<run_id>`` (``style/`` for a style run)."""
+    return study_dir_of(profile, outputs) / ("style" if style else "runs") / cfg.run_id
 
 
 def contract_for(profile: Profile, cfg: RunConfig, outputs: str | Path, *, out_dir: str | Path | None = None,

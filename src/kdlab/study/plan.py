@@ -25,7 +25,7 @@ from ..engine.run_config import RunConfig
 from .followups import RLVRStart
 from ..core.atomic import write_text_atomic
 from .records import record_problems
-from .contract import contract_for, run_config
+from .contract import contract_for, run_config, study_dir_of  # noqa: F401 (study_dir_of: the runner's)
 from .building import study_model_paths
 
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[3] / "notebooks"
@@ -115,11 +115,6 @@ def schedule(cells: list[RunConfig]) -> list[RunConfig]:
     OffPD cache at once)."""
     task_rank = {t: i for i, t in enumerate(dict.fromkeys(c.task for c in cells))}
     return sorted(cells, key=lambda c: (task_rank[c.task], c.seed, c.lr, c.kl, c.lam))
-
-
-def study_dir_of(profile: Profile, outputs: str | Path) -> Path:
-    """``<outputs>/<profile.name>``: everything one study writes."""
-    return Path(outputs).resolve() / profile.name
 
 
 @dataclass(frozen=True, eq=False)

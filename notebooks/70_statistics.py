@@ -43,7 +43,7 @@ import pandas as pd
 from kdlab.study.report_page import title
 from IPython.display import Image, display
 
-from kdlab.analysis import findings, stats
+from kdlab.analysis import findings, regime, stats
 from kdlab.analysis.followups import findings_table
 from kdlab.analysis.table import load_results, main_grid, notebook_out_dir, resolve_path
 from kdlab.analysis.explore import figure_png
@@ -147,6 +147,9 @@ grad_path = resolve_path(gradients_csv) if gradients_csv else resolve_path(study
 grad_table = pd.read_csv(grad_path) if grad_path.exists() else None
 print("gradient table:", grad_path if grad_table is not None else "none")
 board = findings.scoreboard(findings_table(study_dir, df), grad_table)  # + RLVR, style and companion runs
+check = regime.regime_check(df)  # the regime's three roles per task (kdlab.analysis.regime)
+check.to_csv(OUT / "regime_check.csv", index=False)
+board["regime"] = regime.regime_notes(board, check).values  # a verdict resting on an unmet role says so
 board.to_csv(OUT / "scoreboard.csv", index=False)
 (OUT / "scoreboard.json").write_text(json.dumps(board.to_dict(orient="records"), indent=2))
 parts = findings.part_rows(board)

@@ -270,3 +270,26 @@ def test_shared_offpd_teacher_logits_are_the_teachers_and_leave_the_run_unchange
     with pytest.raises(ValueError, match="does not fit"):
         distill(build_model("llama", "nano", seed=0), teacher, task, cfg, offpd=offpd, progress=False,
                 offpd_teacher_logits=store[:-1])
+
+
+def test_history_records_each_kl_at_the_answer_position(setup):
+    """Every step logs the answer-position diagnosis (kdlab.core.answer) from the one host read:
+    on reference completions every row has an answer; the student's and teacher's mass on the
+    teacher's answer is a probability, the gradient norms are positive."""
+    import random
+
+    from kdlab.core.answer import STATS
+    from kdlab.models.codec import CHAR
+
+    task, pool, teacher, _ = setup
+    problems = [pool.problems[i] for i in range(16)]
+    offpd = (problems, [CHAR.completion(task.reference(p, random.Random(i))) for i, p in enumerate(problems)])
+    student = build_model("llama", "nano", seed=0)
+    res = distill(student, teacher, task, cell(steps=2, batch_size=4, policy="off", kl="reverse", lr=1e-3),
+                  offpd=offpd, progress=False)
+    for h in res.history:
+        assert set(STATS) <= set(h)
+        assert h["answer_rows"] == 1.0
+        assert 0.0 < h["answer_p_student"] < 1.0 and 0.0 < h["answer_p_teacher"] <= 1.0
+        assert h["answer_grad_reverse"] > 0 and h["answer_grad_forward"] > 0
+        assert abs(h["answer_grad_reverse_at_a"]) <= h["answer_grad_reverse"] + 1e-9

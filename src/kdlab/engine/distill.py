@@ -29,8 +29,9 @@ from .batching import pad_left, pad_right, response_logits
 from ..models.codec import CHAR
 from ..core.schema import SCORE_FUNCTION
 from ..core.kl import draw_tokens, kl_loss, token_kls
+from ..core.answer import STATS, answer_positions, answer_stats
 from .rollout import sample
-from ..tasks.base import Problem, Task
+from ..tasks.base import ANSWER_MARK, Problem, Task
 from ..core.dtypes import DTYPES
 from .offpd import _OffPDTeacherLogits
 from .cpu import _fast_cpu_attention, keep_freed_heap
@@ -40,11 +41,12 @@ from .run_config import RunConfig, RunResult
 
 
 def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of: Callable, cfg: RunConfig,
-          codec, n_total: float, sf_gen: Callable[[torch.device], torch.Generator] | None = None
-          ) -> torch.Tensor:
+          codec, n_total: float, sf_gen: Callable[[torch.device], torch.Generator] | None = None,
+          mark_id: int | None = None) -> torch.Tensor:
     """Forward + backward of one batch slice in micro-batches; returns the summed (loss, forward
-    KL, reverse KL) over its tokens as one float64 tensor (3,) on the student's device, read by
-    the host once per step, not per micro-batch. Micro-batch m's token-mean loss is weighted by
+    KL, reverse KL) over its tokens, then the sums of ``kdlab.core.answer.STATS`` at the answer
+    position (the token after ``mark_id``; zeros when ``mark_id`` is None), as one float64 tensor
+    (3 + 7,) on the student's device, read by the host once per step, not per micro-batch. Micro-batch m's token-mean loss is weighted by
     ``world * n_m / n_total`` (``n_total``: the global token count), so the accumulated
     gradient, averaged over ranks, is that of the global token mean. The loss compares
     ``softmax(z_S / tau_S)`` with ``softmax(z_T / tau_T)`` (``cfg.loss_temperatures()``); for
@@ -78,10 +80,21 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
         Trainer.backward(loss, weight)
         with torch.no_grad():
             fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
-            part = torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()])
+            at_answer = (answer_stats(s_logits.detach(), t_logits, answer_positions(r_d, rm_d, mark_id))
+                         if mark_id is not None else torch.zeros(len(STATS), dtype=torch.float64, device=s_logits.device))
+            part = torch.cat([torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()]),
+                              at_answer.to(s_logits.device)])
             sums = part if sums is None else sums + part
         del s_logits, t_logits
     return sums
+
+
+def _answer_entry(sums: list[float], batch_size: int) -> dict[str, float]:
+    """The history's answer-position entries from ``answer_stats``' sums (summed over ranks): the
+    share of the batch's rows with an answer position, then the means over those rows (NaN when none)."""
+    n = sums[0]
+    means = {k: (v / n if n else float("nan")) for k, v in zip(STATS[1:], sums[1:])}
+    return {STATS[0]: n / batch_size, **means}
 
 
 def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg: RunConfig, *,
@@ -133,6 +146,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                       grad_clip=cfg.grad_clip, world=world)
     temp_s, temp_t = cfg.sample_temperatures()
     sf_gens: dict[str, torch.Generator] = {}
+    mark_id = codec.single_token(ANSWER_MARK)  # None where the tokenizer merges the mark with its neighbours
 
     def sf_gen(dev: torch.device) -> torch.Generator:  # the extra tokens of kl "sf": own stream per run and rank
         if str(dev) not in sf_gens:
@@ -188,13 +202,14 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 work.train()
             (n_total,) = _sum_over_ranks([float(rm.sum())], device)
             n_total = max(n_total, 1.0)
-            sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen)
+            sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen,
+                         mark_id)
             arith.push()
             gnorm = trainer.clip()
             # the step's one read of the loss: sums and gradient norm together (clipping a
             # non-finite gradient changes nothing that is kept: the run then stops unstepped)
             *sums, gnorm_val = torch.cat([sums, gnorm.detach().double().reshape(1).to(sums.device)]).tolist()
-            loss_sum, fkl_sum, rkl_sum = _sum_over_ranks(sums, device)
+            loss_sum, fkl_sum, rkl_sum, *at_answer = _sum_over_ranks(sums, device)
             loss_val = loss_sum / n_total
             if not math.isfinite(loss_val):
                 collapsed, collapse_step = True, step
@@ -210,7 +225,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             history.append({"step": step, "loss": loss_val, "forward_kl": fkl_sum / n_total,
                             "reverse_kl": rkl_sum / n_total, "grad_norm": gnorm_val, "entropy": entropy,
                             "length": n_total / cfg.batch_size, "lr": trainer.current_lr,
-                            "time_s": t2 - t0, "cpu_s": time.process_time() - c0, **extra})
+                            "time_s": t2 - t0, "cpu_s": time.process_time() - c0,
+                            **_answer_entry(at_answer, cfg.batch_size), **extra})
             phase["rollout"] += t1 - t0
             phase["step"] += t2 - t1
             if not finite:

@@ -10,7 +10,8 @@ and real models that the engine (sampling, distillation, evaluation) has to know
 
 Both give ``prompt(text, system=None)`` (ids), ``completion(text)`` (ids of a reference answer,
 ending in a stop id), ``decode(ids)`` (text up to the first stop), ``pad_id``, ``stop_ids``,
-``vocab_size`` and ``eval_batch_size`` (prompts per generation batch in evaluation).
+``vocab_size``, ``eval_batch_size`` (prompts per generation batch in evaluation) and
+``single_token(text)`` (the id of a text that is one token wherever it stands, else None).
 """
 from __future__ import annotations
 
@@ -41,6 +42,11 @@ class CharCodec:
     def decode(self, ids: Sequence[int]) -> str:
 
         return decode(list(ids))
+
+    def single_token(self, text: str) -> int | None:
+        """The one id of ``text`` when it is a single token wherever it stands (a character), else None."""
+        ids = encode(text)
+        return ids[0] if len(ids) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,11 @@ class HFCodec:
                 ids = ids[:i]
                 break
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def single_token(self, text: str) -> int | None:
+        """None: a BPE tokenizer may merge ``text`` with its neighbours ("#" into "#1"), so no one id
+        marks it wherever it stands."""
+        return None
 
 
 Codec = CharCodec | HFCodec

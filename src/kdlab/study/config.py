@@ -99,7 +99,26 @@ class GridSpec:
     lambda_tasks: list[str] = _f(factory=lambda: ["countdown-3"])
     kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=KL_KINDS)
     lrs: list[float] = _f(factory=lambda: [1e-4, 5e-4], **LEARNING_RATE)
+    task_lrs: dict[str, list[float]] = _f(factory=dict, doc="per-task learning rates {task: one rate per grid.lrs "
+                                          "entry, in the same order}: a task listed here trains at its own rates, "
+                                          "each playing the role (low, high) of the grid.lrs entry at its position")
     seeds: list[int] = _f(factory=lambda: [0, 1], lo=0)
+
+    def rate(self, task: str, lr: float) -> float:
+        """The learning rate a run of ``task`` uses for the grid's rate ``lr``: the task's own rate at
+        that position of ``grid.lrs`` when ``task_lrs`` names the task, else ``lr``."""
+        rates = self.task_lrs.get(task)
+        if rates is None or lr not in self.lrs:
+            return lr
+        return rates[self.lrs.index(lr)]
+
+    def role(self, task: str, lr: float) -> float:
+        """The ``grid.lrs`` entry whose role a run of ``task`` at rate ``lr`` plays (``rate``'s inverse;
+        ``lr`` itself for a rate that is not one of the task's)."""
+        rates = self.task_lrs.get(task)
+        if rates is None or lr not in rates:
+            return lr
+        return self.lrs[rates.index(lr)]
 
 
 @dataclass
@@ -303,6 +322,7 @@ def validate_profile(p: Profile) -> Profile:
             raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {valid}")
     if not p.grid.seeds:
         raise ConfigError("grid.seeds: must list at least one seed")
+    _check_task_lrs(p.grid)
     if not p.eval.pass_ks:
         raise ConfigError("eval.pass_ks: must list at least one k")
     if p.rlvr.enabled:
@@ -315,6 +335,27 @@ def validate_profile(p: Profile) -> Profile:
     for suffix in p.companions:
         companion_profile(p, suffix)
     return p
+
+
+def _check_task_lrs(g: GridSpec) -> None:
+    """``grid.task_lrs``: tasks of the grid, each with one learning rate per ``grid.lrs`` entry, in
+    the order of ``grid.lrs`` (so that each keeps its role: the low rate below the high one)."""
+    tasks = list(dict.fromkeys(g.tasks + g.lambda_tasks))
+    if g.task_lrs and len(set(g.lrs)) != len(g.lrs):
+        raise ConfigError(f"grid.lrs: {g.lrs} repeats a rate, so grid.task_lrs cannot tell its roles apart")
+    order = sorted(range(len(g.lrs)), key=lambda i: g.lrs[i])
+    for task, rates in list(g.task_lrs.items()):
+        key = f"grid.task_lrs.{task}"
+        if task not in tasks:
+            raise ConfigError(f"grid.task_lrs: {task!r} is not a task of the grid; choose from {tasks}")
+        if not isinstance(rates, list) or len(rates) != len(g.lrs):
+            raise ConfigError(f"{key}: {rates!r} must be a list of {len(g.lrs)} learning rates, one per grid.lrs "
+                              f"entry {g.lrs}")
+        rates = [check_value(f"{key}[{i}]", r, float, LEARNING_RATE) for i, r in enumerate(rates)]
+        if len(set(rates)) != len(rates) or sorted(range(len(rates)), key=lambda i: rates[i]) != order:
+            raise ConfigError(f"{key}: {rates} must be distinct and in the order of grid.lrs {g.lrs} "
+                              "(each rate plays the role of the grid.lrs entry at its position)")
+        g.task_lrs[task] = rates
 
 
 def _check_dfs_tasks(p: Profile) -> None:

@@ -29,8 +29,11 @@ from ..engine.run_config import RunConfig
 
 
 def run_config(profile: Profile, *, task: str, policy: str, kl: str, lr: float, seed: int,
-               lam: float | None = None) -> RunConfig:
-    """The ``RunConfig`` of one grid cell of ``profile`` (ConfigError/ValueError on a bad cell)."""
+               lam: float | None = None, task_rate: bool = True) -> RunConfig:
+    """The ``RunConfig`` of one grid cell of ``profile`` (ConfigError/ValueError on a bad cell).
+    ``lr`` is a rate of ``grid.lrs``, which a task of ``grid.task_lrs`` replaces by its own rate
+    of that role (``GridSpec.rate``); with ``task_rate`` false ``lr`` is the run's rate as it is."""
+    lr = profile.grid.rate(task, lr) if task_rate else lr
     return RunConfig(**asdict(profile.distill), task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed,
                      data_seed=profile.data_seed, micro_batch_size=profile.pretrained.micro_batch_size,
                      kl_chunk_size=profile.pretrained.kl_chunk_size)
@@ -92,7 +95,8 @@ def add_cell_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default=None, choices=["off", "on", "lambda"], help=f"rollout policy ({first})")
     parser.add_argument("--lam", type=float, default=None, help="lambda of --policy lambda, in [-3, 3]")
     parser.add_argument("--kl", default=None, help=f"KL direction or estimator ({first})")
-    parser.add_argument("--lr", type=float, default=None, help=f"learning rate ({first})")
+    parser.add_argument("--lr", type=float, default=None, help="learning rate, used as given (default: the task's first rate, from "
+                        "grid.task_lrs when it names the task, else grid.lrs)")
     parser.add_argument("--seed", type=int, default=None, help=f"seed ({first})")
     parser.add_argument("--out", default=None, help="run directory (default: <outputs>/<study>/runs/<run_id>)")
     parser.add_argument("--save-student", action="store_true", help="save the distilled student checkpoint")
@@ -112,7 +116,7 @@ def cell_contract(profile: Profile, outputs: str | Path, *, task: str | None = N
     pick = lambda flag, values: values[0] if flag is None else flag  # noqa: E731
     try:
         cfg = run_config(profile, task=pick(task, g.tasks), policy=pick(policy, g.policies), lam=lam,
-                         kl=pick(kl, g.kls), lr=pick(lr, g.lrs), seed=pick(seed, g.seeds))
+                         kl=pick(kl, g.kls), lr=pick(lr, g.lrs), seed=pick(seed, g.seeds), task_rate=lr is None)
     except ConfigError as e:
         raise ConfigError(f"--{e}") from None
     return contract_for(profile, cfg, outputs, out_dir=out_dir, save_student=save_student)

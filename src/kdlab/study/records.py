@@ -36,6 +36,7 @@ class Field:
 RUN_METRICS = (
     Field("run_id", "str"), Field("task", "str"), Field("policy", "str"), Field("lam", "number"),
     Field("kl", "str"), Field("lr", "number"), Field("seed", "int"), Field("dtype", "str"),
+    Field("grid_lr", "number", required=False),  # the grid.lrs entry whose role lr plays (grid.task_lrs)
     Field("grad_clip", "number", nullable=True),
     Field("accuracy", "number", finite=True), Field("base_accuracy", "number", finite=True),
     Field("pass_at_10", "number", nullable=True, required=False),  # only when eval.pass_n >= 10

@@ -72,6 +72,15 @@ def _summary_mark(verdict: str, n_parts: int, n_reproduced: int) -> str:
     return f"✘ {verdict}" if "not reproduced" in verdict else f"? {verdict}"
 
 
+REGIME_COLUMN = "regime"  # the scoreboard's note of the unmet regime roles a verdict rests on
+
+
+def _regime(r: dict) -> str:
+    """A scoreboard row's regime note as shown: "⚠ " and the roles it rests on that are not met."""
+    note = _text(r, "regime")
+    return f"⚠ {note}" if note else ""
+
+
 def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
     """The findings scoreboard as shown first, one row per claim: finding (``2`` for the finding,
     ``2a``, ``2b``, ... for its parts), claim, verdict, statistic (with its name and unit) and its
@@ -80,7 +89,8 @@ def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
     A finding with several parts gets its own line, which counts the parts that hold ("1 of 2
     parts reproduced (1 not reproduced)") and shows no statistic, followed by one row per part with
     that part's claim, verdict, statistic and interval. A finding with a single part, or not run,
-    is one row. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
+    is one row. Column ``regime`` (when section 70 wrote one): "⚠ rests on unmet roles: ..." on
+    each row whose verdict rests on a role of the regime check that is not met. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
     path = _stat_dir(study_dir) / "scoreboard.csv"
     if not path.exists():
         return None
@@ -98,20 +108,23 @@ def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
         if len(parts) <= 1:
             stat, interval = _statistic(summary, unit)
             rows.append({"finding": str(number), "claim (STUDY.md)": _text(summary, "claim"),
-                         "verdict": _VERDICT_MARK.get(verdict, verdict), "statistic": stat, "95% interval": interval})
+                         "verdict": _VERDICT_MARK.get(verdict, verdict), "statistic": stat, "95% interval": interval,
+                         REGIME_COLUMN: _regime(summary)})
             continue
         n_rep = sum(p["verdict"] == "reproduced" for p in parts)
         rows.append({"finding": str(number), "claim (STUDY.md)": _text(summary, "claim"),
                      "verdict": _summary_mark(verdict, len(parts), n_rep),
-                     "statistic": f"parts {number}{parts[0]['part']}–{number}{parts[-1]['part']}", "95% interval": ""})
+                     "statistic": f"parts {number}{parts[0]['part']}–{number}{parts[-1]['part']}", "95% interval": "",
+                     REGIME_COLUMN: ""})
         for p in parts:
             stat, interval = _statistic(p, _text(p, "unit"))
             if p["verdict"] == "not run":
                 stat = _text(p, "detail").split("not run", 1)[-1].strip(" ()") or "–"
             rows.append({"finding": f"{number}{p['part']}", "claim (STUDY.md)": _text(p, "claim"),
                          "verdict": _VERDICT_MARK.get(p["verdict"], p["verdict"]), "statistic": stat,
-                         "95% interval": interval})
-    return pd.DataFrame(rows).set_index("finding")
+                         "95% interval": interval, REGIME_COLUMN: _regime(p)})
+    view = pd.DataFrame(rows).set_index("finding")
+    return view if "regime" in board.columns else view.drop(columns=REGIME_COLUMN)
 
 
 SCOREBOARD_CLASS = "kdlab-scoreboard"  # the first screen's table: never folded (collapse_long_tables)

@@ -7,6 +7,10 @@ into the report's tables: mean ± std over seeds per grid cell, forgetting and s
 learning rate, base vs teacher vs distilled, the toy-regime acceptance checks and the wall time
 per phase. Notebooks call these; no metric or table logic lives in a notebook.
 
+Learning rates: ``lr`` is the grid's rate (a ``grid.lrs`` entry: the low or the high one), which
+every table and test groups by; ``lr_run`` is the rate the run trained at, which differs from
+``lr`` for a task that ``grid.task_lrs`` gives rates of its own (``task_rates`` lists them).
+
 Units: ``accuracy``, ``pass_at_*``, ``probe_*``, ``forgetting*`` and ``sparsity`` are fractions
 in the table (``forgetting`` is a difference of fractions, in [-1, 1]); summaries report them in
 percentage points (x100) unless ``scale`` says otherwise. Times are seconds.
@@ -80,6 +84,10 @@ def collect(study_dir: str | Path) -> pd.DataFrame:
         return df[list(REQUIRED_COLUMNS)]
     for col in ("grad_clip", "pass_at_10", "lam", "lr"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
+    df["lr_run"] = df["lr"]  # the rate the run trained at; lr: the grid's rate whose role it plays
+    if "grid_lr" in df.columns:
+        df["lr"] = pd.to_numeric(df["grid_lr"], errors="coerce").astype(float).fillna(df["lr_run"])
+        df = df.drop(columns="grid_lr")
     if "collapse_step" in df.columns:
         df["collapse_step"] = pd.to_numeric(df["collapse_step"], errors="coerce").astype(float)
     df["collapsed"] = df["collapsed"].fillna(False).astype(bool)
@@ -127,6 +135,17 @@ def failed_runs(study_dir: str | Path) -> pd.DataFrame:
         rows.append({"run_id": path.parent.name, "error": err.get("ename"), "message": err.get("evalue"),
                      "cell": err.get("cell_index")})
     return pd.DataFrame(rows, columns=["run_id", "error", "message", "cell"])
+
+
+def task_rates(df: pd.DataFrame) -> pd.DataFrame:
+    """The learning rates each task trained at, per grid rate: one row per task, one column per
+    grid rate (``lr``, lowest first), the run rate(s) ``lr_run`` as text ("1e-04")."""
+    rate = df["lr_run"] if "lr_run" in df.columns else df["lr"]
+    d = df.assign(_rate=rate).dropna(subset=["lr"])
+    table = d.groupby(["task", "lr"])["_rate"].agg(lambda s: ", ".join(f"{v:.2g}" for v in sorted(s.unique())))
+    out = table.unstack("lr")
+    out.columns = [f"grid rate {c:g}" for c in out.columns]
+    return out
 
 
 def rollout_label(policy: str, lam: float) -> str:

@@ -245,7 +245,7 @@ def execute_run(contract: RunContract, progress: bool = True, train_missing: boo
     probes = [k for k in after if k.startswith("probe_") and k != "probe_mean"]
     metrics: dict[str, Any] = {
         "run_id": cfg.run_id, "task": cfg.task, "policy": cfg.policy, "lam": cfg.lam, "kl": cfg.kl, "lr": cfg.lr,
-        "seed": cfg.seed, "dtype": cfg.dtype, "compute_dtype": DTYPE_NAMES[arith], "grad_clip": cfg.grad_clip,
+        "grid_lr": profile.grid.role(cfg.task, cfg.lr), "seed": cfg.seed, "dtype": cfg.dtype, "compute_dtype": DTYPE_NAMES[arith], "grad_clip": cfg.grad_clip,
         "steps": cfg.steps,
         "sampled_direction": cfg.sampled_direction if cfg.kl in SAMPLED_KINDS else None, "jsd_beta": cfg.jsd_beta,
         "batch_size": cfg.batch_size, "temperature": cfg.temperature, **training_details(cfg, result.optimizer),

@@ -5,7 +5,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -25,6 +25,8 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 from IPython.display import Markdown, display
 
+from kdlab.analysis import regime
+from kdlab.analysis.table import prepare_results
 from kdlab.study import report_page as P
 from kdlab.study import results as R
 
@@ -44,6 +46,22 @@ if len(failures):
     display(failures)
 
 # %% [markdown]
+# ## Regime check
+# Does this study's regime play the three roles the paper's findings are read in? Per task:
+# forward KL learns at both rates; the high rate forgets visibly but leaves a working model; the
+# low rate forgets little (rules: `kdlab.analysis.regime`; points = percentage points, seed
+# means per cell). A scoreboard verdict that rests on a role marked not met says so in its
+# `regime` column.
+
+# %%
+check = regime.regime_check(prepare_results(df))
+display(P.title("Table 1. Regime check: the roles of the paper's regime, per task (range over the cells each rule reads, points)"))
+display(P.compact_html(regime.regime_table(check)))
+display(Markdown("Rules: " + "; ".join(f"*{role}*: {rule}" for role, rule in regime.RULES.items()) + ". "
+                 "Learning rates per task (low, high): " + "; ".join(
+                     f"{task} {', '.join(row.astype(str))}" for task, row in R.task_rates(df).iterrows()) + "."))
+
+# %% [markdown]
 # ## Findings scoreboard
 # One verdict per claim of STUDY.md's findings: a compound finding's line counts its parts (2a, 2b, ...) that
 # hold; points = percentage points. Each test and its evidence: section *Statistics* below.
@@ -53,7 +71,7 @@ board = P.scoreboard_view(study_dir)
 if board is None:
     display(Markdown("*No scoreboard: the statistics section (70_statistics) did not write one; see it below.*"))
 else:
-    display(P.title("Table 1. Findings scoreboard, one row per claim: verdict, statistic (unit on each row), 95% interval"))
+    display(P.title("Table 2. Findings scoreboard, one row per claim: verdict, statistic (unit on each row), 95% interval"))
     display(P.scoreboard_html(board))
 
 # %% [markdown]
@@ -69,7 +87,7 @@ knobs = P.knob_view(study_dir)
 if knobs is None:
     display(Markdown("*No ANOVA table: the statistics section did not write one (too few runs or seeds).*"))
 else:
-    display(P.title("Table 2. Which knob explains each metric: partial η² (0-1) per factor (rows) and metric (columns)"))
+    display(P.title("Table 3. Which knob explains each metric: partial η² (0-1) per factor (rows) and metric (columns)"))
     display(knobs)
 
 # %% [markdown]
@@ -105,7 +123,7 @@ plt.show()
 # Held-out accuracy (greedy pass@1) per grid cell, mean ± std over seeds (n runs).
 
 # %%
-display(P.title("Table 3. Held-out accuracy (points, mean ± std over seeds, n runs): policy × KL (rows) by learning rate"))
+display(P.title("Table 4. Held-out accuracy (points, mean ± std over seeds, n runs): policy × KL (rows) by learning rate"))
 display(R.wide(R.accuracy_table(df)))
 
 # %% [markdown]
@@ -115,15 +133,15 @@ display(R.wide(R.accuracy_table(df)))
 # 1e-6 (in the parameter dtype shown above).
 
 # %%
-display(P.title("Table 4. Forgetting (points of mean probe score, after - before) by learning rate"))
+display(P.title("Table 5. Forgetting (points of mean probe score, after - before) by learning rate"))
 display(R.wide(R.by_lr(df, "forgetting")))
-display(P.title("Table 5. Sparsity (% of parameters changed by less than 1e-6) by learning rate"))
+display(P.title("Table 6. Sparsity (% of parameters changed by less than 1e-6) by learning rate"))
 display(R.wide(R.by_lr(df, "sparsity")))
 
 # %%
-display(P.title("Table 6. Forgetting (points) by policy × KL (rows) and learning rate"))
+display(P.title("Table 7. Forgetting (points) by policy × KL (rows) and learning rate"))
 display(R.wide(R.by_lr(runs, "forgetting", within=("rollout", "kl"))))
-display(P.title("Table 7. Sparsity (% of parameters) by policy × KL (rows) and learning rate"))
+display(P.title("Table 8. Sparsity (% of parameters) by policy × KL (rows) and learning rate"))
 display(R.wide(R.by_lr(runs, "sparsity", within=("rollout", "kl"))))
 
 # %%
@@ -143,8 +161,36 @@ plt.show()
 # (from `models.json`) and the distilled students.
 
 # %%
-display(P.title("Table 8. Held-out accuracy and mean probe score (points): base, teacher, distilled"))
+display(P.title("Table 9. Held-out accuracy and mean probe score (points): base, teacher, distilled"))
 display(R.model_comparison(df, models))
+
+# %% [markdown]
+# ## Each KL at the answer position
+# Why reverse KL may not learn a multiple-choice task: at the token after the answer mark `#`
+# (the answer on kb-mc and rules-mc), the student's mass on the teacher's answer token
+# a = argmax p_T, and the gradient of the run's own KL with respect to the student's logit of a
+# (forward: p_S(a) - p_T(a), about -p_T(a) when the student ignores a; reverse: carries the factor
+# p_S(a), so it vanishes with it). Logged every step from the training batch (`kdlab.core.answer`);
+# lines: mean over seeds, low learning rate; the gradient on a log scale (its magnitude).
+
+# %%
+steps = R.answer_steps(study_dir, df)
+if steps.empty:
+    print("no answer-position entries in the runs' histories (runs recorded before them, or a tokenizer "
+          "without a one-token answer mark)")
+else:
+    low = steps[steps["lr"] == steps["lr"].min()].assign(
+        rollout=lambda d: d["policy"], mass=lambda d: 100 * d["answer_p_student"], pull=lambda d: d["grad_at_a"].abs())
+    fig, axes = plt.subplots(2, low["task"].nunique(), figsize=(4.2 * low["task"].nunique(), 6.4), squeeze=False,
+                             constrained_layout=True)
+    for j, (task, d) in enumerate(low.groupby("task", sort=True)):
+        sns.lineplot(data=d, x="step", y="mass", hue="kl", style="rollout", errorbar=None, ax=axes[0, j])
+        sns.lineplot(data=d, x="step", y="pull", hue="kl", style="rollout", errorbar=None, ax=axes[1, j], legend=False)
+        axes[0, j].set(title=task, ylabel="p_S(teacher's answer) (%)", ylim=(0, 100))
+        axes[1, j].set(yscale="log", ylabel="|d own KL / d z_S(answer)|")
+    plt.show()
+    display(P.title("Table 10. At the answer position: the student's and teacher's mass on the teacher's answer (%) and each KL's gradient there, first step and last 10 steps (seed means)"))
+    display(R.answer_summary(steps))
 
 # %% [markdown]
 # ## Lambda spectrum and coverage
@@ -154,7 +200,7 @@ display(R.model_comparison(df, models))
 # %%
 spectrum = runs[runs["task"].isin(runs.loc[runs["policy"] == "lambda", "task"])]
 if spectrum["lam"].nunique() > 2:
-    display(P.title("Table 9. Held-out accuracy (points, mean ± std over seeds) along the λ spectrum"))
+    display(P.title("Table 11. Held-out accuracy (points, mean ± std over seeds) along the λ spectrum"))
     display(R.wide(R.summarize(spectrum, "accuracy", ["task", "kl", "lam", "lr"])))
     grid = sns.relplot(data=spectrum, x="lam", y=spectrum["accuracy"] * 100, hue="kl", style="lr_label",
                        col="task", kind="line", errorbar="sd", marker="o", height=3.5, aspect=1.4)
@@ -163,7 +209,7 @@ if spectrum["lam"].nunique() > 2:
 else:
     print("no lambda-spectrum runs in this study")
 if df["pass_at_10"].notna().any():
-    display(P.title("Table 10. pass@10 (points, mean ± std over seeds) by policy × KL and learning rate"))
+    display(P.title("Table 12. pass@10 (points, mean ± std over seeds) by policy × KL and learning rate"))
     display(R.wide(R.accuracy_table(df, "pass_at_10")))
 else:
     print("pass@10 not measured (eval.pass_n < 10)")
@@ -177,7 +223,7 @@ else:
 # %%
 checks = R.acceptance(df)
 print(R.format_acceptance(checks))
-display(P.title("Table 11. Acceptance checks: measured gains and their targets (points)"))
+display(P.title("Table 13. Acceptance checks: measured gains and their targets (points)"))
 display(checks)
 
 # %% [markdown]
@@ -187,5 +233,5 @@ display(checks)
 # notebook's wall time minus the run's own `wall_s`, plus kernel start-ups, from `timing.json`).
 
 # %%
-display(P.title("Table 12. Wall time per phase (seconds, summed over runs and workers)"))
+display(P.title("Table 14. Wall time per phase (seconds, summed over runs and workers)"))
 display(R.phase_times(df, models, timing))

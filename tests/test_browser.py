@@ -231,7 +231,7 @@ def test_report_first_screen_shows_the_scoreboard(full_study):
             page.set_default_timeout(120_000)
             page.goto(report.as_uri())
             page.screenshot(path=str(ARTIFACTS / "report_first_screen.png"))  # the first 1400 x 900 pixels
-            title = page.get_by_text("Table 1. Findings scoreboard", exact=False).first
+            title = page.get_by_text("Table 2. Findings scoreboard", exact=False).first
             table = page.locator("table", has=page.locator("th", has_text="95% interval")).first
             title_box, table_box = title.bounding_box(), table.bounding_box()
             assert title_box and table_box, "no scoreboard in the report"

@@ -217,3 +217,18 @@ def test_a_run_out_of_gpu_memory_on_the_command_line_is_one_line_with_the_settin
     assert len(lines) == 2 and "CUDA out of memory. Tried to allocate 20.00 GiB more text" in lines[1]
     assert "lower pretrained.micro_batch_size (rows per forward/backward, now 4)" in lines[1]
     assert "pretrained.kl_chunk_size" in lines[1] and not outputs.exists()
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("grid.task_lrs={kb-mc: [1e-4, 5e-4]}", "grid.task_lrs: 'kb-mc' is not a task of the grid; choose from"),
+    ("grid.task_lrs={countdown-3: [1e-4]}", "grid.task_lrs.countdown-3: ['1e-4'] must be a list of 2 learning rates"),
+    ("grid.task_lrs={countdown-3: 1e-4}", "grid.task_lrs.countdown-3: '1e-4' must be a list of 2 learning rates"),
+    ("grid.task_lrs={countdown-3: [1e-4, 0]}", "grid.task_lrs.countdown-3[1]: 0.0 must be above 0.0"),
+    ("grid.task_lrs={countdown-3: [1e-4, fast]}", "grid.task_lrs.countdown-3[1]: 'fast' has the wrong type"),
+    ("grid.task_lrs={countdown-3: [5e-4, 1e-4]}", "grid.task_lrs.countdown-3: [0.0005, 0.0001] must be distinct "
+                                                  "and in the order of grid.lrs"),
+    ("grid.task_lrs={countdown-3: [1e-4, 1e-4]}", "must be distinct and in the order of grid.lrs"),
+    ("grid.task_lrs=[1e-4, 5e-4]", "grid.task_lrs: ['1e-4', '5e-4'] has the wrong type; expected dict"),
+])
+def test_a_malformed_per_task_rate_is_refused_in_one_line(capsys, tmp_path, override, needle):
+    _refused(capsys, tmp_path, ["study", TINY, "--set", override], needle)

@@ -107,3 +107,46 @@ def test_the_profile_schema_imports_no_torch():
     code = "import sys, kdlab.study.config, kdlab.study.contract; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_per_task_rates_replace_the_grid_rates_by_role_everywhere_a_cell_is_named(tmp_path):
+    """grid.task_lrs: a task it names trains at its own rate of each role (run ids, the grid, the
+    command line's default cell, RLVR starts); the others at grid.lrs; the record names the role."""
+    from kdlab.study.followups import rlvr_start
+    from kdlab.study.plan import expand_grid
+
+    root = Path(__file__).resolve().parents[1]
+    p = load_profile(root / "params" / "quick.yaml", {"grid.lrs": [2e-4, 1e-3], "grid.tasks": ["countdown-3", "kb-mc"],
+                                                      "grid.task_lrs": {"kb-mc": ["5e-5", "2.5e-4"]}})
+    assert p.grid.task_lrs == {"kb-mc": [5e-5, 2.5e-4]}  # YAML's "5e-5" read as a number
+    rates = {(c.task, c.lr) for c in expand_grid(p)}
+    assert rates == {("countdown-3", 2e-4), ("countdown-3", 1e-3), ("kb-mc", 5e-5), ("kb-mc", 2.5e-4)}
+    assert p.grid.rate("kb-mc", 1e-3) == 2.5e-4 and p.grid.role("kb-mc", 2.5e-4) == 1e-3
+    assert p.grid.rate("countdown-3", 1e-3) == 1e-3 and p.grid.role("countdown-3", 1e-3) == 1e-3
+    assert cell_contract(p, tmp_path, task="kb-mc").run.run_id == "kb-mc_off_forward_lr5e-05_s0"
+    assert cell_contract(p, tmp_path, task="kb-mc", lr=1e-3).run.lr == 1e-3  # a flag's rate is used as given
+    q = load_profile(root / "params" / "quick.yaml", {"grid.task_lrs": {"countdown-3": [1e-4, 5e-4]}})
+    assert rlvr_start(q, "off/forward/1", 0).run_id == "countdown-3_off_forward_lr0.0005_s0"
+
+
+def test_the_results_table_groups_by_the_grid_rate_and_keeps_the_run_rate(tmp_path):
+    import json
+
+    from kdlab.study.records import columns
+    from kdlab.study import results as R
+
+    for run_id, task, lr, grid_lr in (("a", "kb-mc", 5e-5, 2e-4), ("b", "kb-mc", 2.5e-4, 1e-3),
+                                      ("c", "countdown-3", 2e-4, 2e-4), ("d", "countdown-3", 1e-3, None)):
+        record = {c: 0.0 for c in columns("run") if c != "grid_lr"} | {"run_id": run_id, "task": task, "policy": "off", "kl": "forward",
+                                                     "lr": lr, "seed": 0, "dtype": "bf16", "collapsed": False,
+                                                     "lam": -1.0, "grad_clip": 1.0}
+        if grid_lr is not None:  # "d": a record from before grid_lr (its rate is its role)
+            record["grid_lr"] = grid_lr
+        (tmp_path / "runs" / run_id).mkdir(parents=True)
+        (tmp_path / "runs" / run_id / "metrics.json").write_text(json.dumps(record))
+        (tmp_path / "runs" / run_id / "history.json").write_text(json.dumps([{"step": 0, "loss": 0.0}]))
+    df = R.collect(tmp_path)
+    assert df.set_index("run_id")["lr"].to_dict() == {"a": 2e-4, "b": 1e-3, "c": 2e-4, "d": 1e-3}
+    assert df.set_index("run_id")["lr_run"].to_dict() == {"a": 5e-5, "b": 2.5e-4, "c": 2e-4, "d": 1e-3}
+    rates = R.task_rates(df)
+    assert rates.loc["kb-mc"].tolist() == ["5e-05", "0.00025"] and rates.loc["countdown-3"].tolist() == ["0.0002", "0.001"]

@@ -21,7 +21,7 @@ RECORD = {"run_id": "r", "task": "countdown-3", "policy": "off", "lam": -1.0, "k
 
 def test_the_results_table_columns_are_the_record_fields():
     assert R.REQUIRED_COLUMNS == columns("run") == tuple(f.name for f in RUN_METRICS)
-    assert {f.name for f in RUN_METRICS if not f.required} == {"pass_at_10"}  # NaN when pass_n < 10
+    assert {f.name for f in RUN_METRICS if not f.required} == {"pass_at_10", "grid_lr"}  # NaN when pass_n < 10; lr when absent
 
 
 def test_a_whole_record_has_no_problems_and_each_fault_is_named():

@@ -80,11 +80,13 @@ def test_no_noise_in_report_or_any_executed_notebook(full_study):
 
 def test_report_first_screen_answers_the_question(full_study):
     html = _visible_html((full_study.study_dir / "report.html").read_text())
-    order = [html.find(s) for s in ["Table 1. Findings scoreboard", "Table 2. Which knob explains each metric",
+    order = [html.find(s) for s in ["Table 1. Regime check", "Table 2. Findings scoreboard", "Table 3. Which knob explains each metric",
                                      "Headline figure", "<img", ">Contents<", "How to read this report"]]
     assert -1 not in order and order == sorted(order), order
     # The scoreboard shows verdict, statistic and interval for the findings.
-    board = html[order[0]:order[1]]
+    board = html[order[1]:order[2]]
+    regime_check = html[order[0]:order[1]]  # the roles, each marked, before the scoreboard
+    assert "learns at both rates" in regime_check and re.search(r"\b(met|not met|not measured)\b", regime_check)
     assert "verdict" in board and "statistic" in board and "95% interval" in board
     assert "reproduced" in board or "not run" in board or "inconclusive" in board
     # Every anchored section is linked from the table of contents, and the sections of the
@@ -205,5 +207,5 @@ def test_noise_patterns_catch_what_the_old_report_showed():
     ]
     assert all(_noise(s) for s in seen), [s for s in seen if not _noise(s)]
     clean = ["Static figure of the TeachingKLWidget widget; it is interactive in JupyterLab",
-             "accuracy: 24 runs in 4 groups; filters: none", "Table 1. Findings scoreboard", "progress 50% done"]
+             "accuracy: 24 runs in 4 groups; filters: none", "Table 2. Findings scoreboard", "progress 50% done"]
     assert not [s for s in clean if _noise(s)]

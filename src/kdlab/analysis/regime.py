@@ -159,3 +159,42 @@ def regime_notes(board: pd.DataFrame, check: pd.DataFrame) -> pd.Series:
     if board.empty:
         return pd.Series([], dtype=str)
     return board.apply(note, axis=1).astype(str)
+
+
+# ------------------------------------------------------------------ calibrating the rates by role
+
+HIGH_TO_LOW = 5.0  # the paper's ratio of its high to its low learning rate
+
+
+def rate_calibration(runs: pd.DataFrame, budget: int, n_test: int) -> pd.DataFrame:
+    """The rate calibration table of the baseline arm (OffPD + forward KL), from its runs: columns
+    task, lr, steps, seed, accuracy (a fraction on ``n_test`` held-out problems), forgetting.
+
+    One row per task x lr: the seed-mean accuracy after ``budget`` steps and after the longest run
+    (``4 x budget`` in the calibration), the standard error of the latter (binomial, over the
+    ``n_test x seeds`` graded answers), ``plateau`` = the budget's accuracy is within one standard
+    error of the long run's (or above it), the budget's forgetting, and the seeds; percentage points."""
+    rows = []
+    for (task, lr), d in runs.groupby(["task", "lr"], sort=True):
+        short, long_ = d[d["steps"] == budget], d[d["steps"] == d["steps"].max()]
+        if short.empty or long_.empty or long_["steps"].iloc[0] <= budget:
+            continue
+        p_long = float(long_["accuracy"].mean())
+        se = math.sqrt(max(p_long * (1 - p_long), 1e-12) / (n_test * len(long_)))
+        p_short = float(short["accuracy"].mean())
+        rows.append({"task": task, "lr": float(lr), f"accuracy {budget}": 100 * p_short,
+                     f"accuracy {int(long_['steps'].iloc[0])}": 100 * p_long, "se": 100 * se,
+                     "plateau": bool(p_short >= p_long - se),
+                     f"forgetting {budget}": 100 * float(short["forgetting"].mean()),
+                     "seeds": ",".join(str(s) for s in sorted(set(short["seed"]) & set(long_["seed"])))})
+    return pd.DataFrame(rows, columns=None if rows else ["task", "lr", "plateau"])
+
+
+def low_rates(calibration: pd.DataFrame) -> dict[str, float | None]:
+    """Per task, the smallest calibrated rate whose budget run reaches its plateau (``plateau``);
+    None where no rate tried does (the calibration needs larger rates)."""
+    out: dict[str, float | None] = {}
+    for task, d in calibration.groupby("task", sort=True):
+        ok = d[d["plateau"]]
+        out[task] = float(ok["lr"].min()) if len(ok) else None
+    return out

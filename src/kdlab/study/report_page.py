@@ -152,6 +152,15 @@ def scoreboard_html(view: pd.DataFrame) -> Any:
     return HTML(styler.to_html())
 
 
+def compact_html(view: pd.DataFrame) -> Any:
+    """A small table of the first screen (the regime check) in the scoreboard's compact style."""
+    from IPython.display import HTML
+
+    styler = (view.style.set_table_attributes('class="dataframe"')
+              .set_table_styles([{"selector": "td, th", "props": SCOREBOARD_CELL}]))
+    return HTML(styler.to_html())
+
+
 def knob_view(study_dir: str | Path) -> pd.DataFrame | None:
     """Partial eta squared (0-1) per factor or interaction (rows) and metric (columns), from
     ``knob_table.csv``; None when it is missing or empty."""

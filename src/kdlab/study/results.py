@@ -148,6 +148,56 @@ def task_rates(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+ANSWER_STATS = ("answer_p_student", "answer_p_teacher", "answer_grad_reverse_at_a", "answer_grad_forward_at_a",
+                "answer_grad_reverse", "answer_grad_forward")  # per step in history.json (kdlab.core.answer)
+
+
+def answer_steps(study_dir: str | Path, df: pd.DataFrame) -> pd.DataFrame:
+    """The answer-position diagnosis of every main-grid run (off/on x forward/reverse) per step, from
+    its ``history.json``: task, policy, kl, lr, seed, step and ``ANSWER_STATS`` (means over the
+    step's rows with an answer position; kdlab.core.answer), plus ``grad_at_a``: the gradient of
+    the run's own KL at the teacher's answer token. Runs whose history has no answer-position
+    entries (recorded before them, or a tokenizer without a one-token answer mark) are left out."""
+    core = df[df["policy"].isin(CORE_POLICIES) & df["kl"].isin(CORE_KLS)]
+    frames = []
+    for r in core.itertuples():
+        path = Path(study_dir) / "runs" / str(r.run_id) / "history.json"
+        if not path.exists():
+            continue
+        hist = pd.DataFrame(_read_json(path))
+        if not set(ANSWER_STATS) <= set(hist.columns) or hist["answer_p_student"].isna().all():
+            continue
+        hist = hist[["step", *ANSWER_STATS]].assign(task=r.task, policy=r.policy, kl=r.kl, lr=r.lr, seed=r.seed)
+        frames.append(hist)
+    cols = ["task", "policy", "kl", "lr", "seed", "step", *ANSWER_STATS, "grad_at_a"]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    out = pd.concat(frames, ignore_index=True)
+    out["grad_at_a"] = out["answer_grad_reverse_at_a"].where(out["kl"] == "reverse", out["answer_grad_forward_at_a"])
+    return out[cols]
+
+
+def answer_summary(steps: pd.DataFrame, last: int = 10) -> pd.DataFrame:
+    """``answer_steps`` at the first step and over the ``last`` steps of each run, seed means per
+    task x policy x KL x lr: the student's and teacher's mass on the teacher's answer token and the
+    gradient of each KL at that token (percent for the masses)."""
+    if steps.empty:
+        return pd.DataFrame()
+    end = steps.groupby(["task", "policy", "kl", "lr", "seed"])["step"].transform("max")
+    parts = {"first step": steps[steps["step"] == 0], f"last {last} steps": steps[steps["step"] > end - last]}
+    rows = []
+    for when, d in parts.items():
+        m = d.groupby(["task", "policy", "kl", "lr"])[list(ANSWER_STATS[:4])].mean()
+        m = m.assign(when=when)
+        rows.append(m.reset_index())
+    out = pd.concat(rows, ignore_index=True)
+    out["answer_p_student"] *= 100
+    out["answer_p_teacher"] *= 100
+    out = out.rename(columns={"answer_p_student": "p_S(a) %", "answer_p_teacher": "p_T(a) %",
+                              "answer_grad_reverse_at_a": "dKL_rev/dz_a", "answer_grad_forward_at_a": "dKL_fwd/dz_a"})
+    return out.set_index(["task", "policy", "kl", "lr", "when"]).sort_index().round(4)
+
+
 def rollout_label(policy: str, lam: float) -> str:
     """'off', 'on' or 'λ=+0.5' for a lambda-spectrum run."""
     return policy if policy in CORE_POLICIES else f"λ={lam:+g}"

@@ -165,32 +165,36 @@ display(P.title("Table 9. Held-out accuracy and mean probe score (points): base,
 display(R.model_comparison(df, models))
 
 # %% [markdown]
-# ## Each KL at the answer position
-# Why reverse KL may not learn a multiple-choice task: at the token after the answer mark `#`
-# (the answer on kb-mc and rules-mc), the student's mass on the teacher's answer token
-# a = argmax p_T, and the gradient of the run's own KL with respect to the student's logit of a
-# (forward: p_S(a) - p_T(a), about -p_T(a) when the student ignores a; reverse: carries the factor
-# p_S(a), so it vanishes with it). Logged every step from the training batch (`kdlab.core.answer`);
-# lines: mean over seeds, low learning rate; the gradient on a log scale (its magnitude).
+# ## Each KL where the student must change its mind
+# Why reverse KL may not learn a task: at the *contested* tokens of the training batch (where the
+# student's most likely token is not the teacher's; on kb-mc and rules-mc the facts of the trace
+# that decide the answer), the student's mass on the teacher's token a = argmax p_T, and the
+# gradient of the run's own KL with respect to the student's logit of a (forward: p_S(a) - p_T(a),
+# about -p_T(a) when the student ignores a; reverse: carries the factor p_S(a), so it vanishes
+# with it). Logged every step (`kdlab.core.answer`); lines: mean over seeds, low learning rate;
+# the gradient on a log scale (its magnitude). The table adds the answer position (the token
+# after `#`), which on the multiple-choice tasks repeats the trace's last value.
 
 # %%
-steps = R.answer_steps(study_dir, df)
+steps = R.diagnosis_steps(study_dir, df)
 if steps.empty:
-    print("no answer-position entries in the runs' histories (runs recorded before them, or a tokenizer "
-          "without a one-token answer mark)")
+    print("no diagnosis in the runs' histories (runs recorded before it, or a vocabulary too large to record it)")
 else:
     low = steps[steps["lr"] == steps["lr"].min()].assign(
-        rollout=lambda d: d["policy"], mass=lambda d: 100 * d["answer_p_student"], pull=lambda d: d["grad_at_a"].abs())
-    fig, axes = plt.subplots(2, low["task"].nunique(), figsize=(4.2 * low["task"].nunique(), 6.4), squeeze=False,
-                             constrained_layout=True)
+        rollout=lambda d: d["policy"], mass=lambda d: 100 * d["contested_p_student"],
+        pull=lambda d: d["contested_grad_at_a"].abs(), share=lambda d: 100 * d["contested_share"])
+    n = low["task"].nunique()
+    fig, axes = plt.subplots(3, n, figsize=(4.2 * n, 8.4), squeeze=False, constrained_layout=True)
     for j, (task, d) in enumerate(low.groupby("task", sort=True)):
-        sns.lineplot(data=d, x="step", y="mass", hue="kl", style="rollout", errorbar=None, ax=axes[0, j])
-        sns.lineplot(data=d, x="step", y="pull", hue="kl", style="rollout", errorbar=None, ax=axes[1, j], legend=False)
-        axes[0, j].set(title=task, ylabel="p_S(teacher's answer) (%)", ylim=(0, 100))
-        axes[1, j].set(yscale="log", ylabel="|d own KL / d z_S(answer)|")
+        for i, (y, label) in enumerate((("share", "contested tokens (%)"), ("mass", "p_S(teacher's token) (%)"),
+                                        ("pull", "|d own KL / d z_S(teacher's token)|"))):
+            sns.lineplot(data=d, x="step", y=y, hue="kl", style="rollout", errorbar=None, ax=axes[i, j],
+                         legend=(i == 0 and j == 0))
+            axes[i, j].set(ylabel=label, title=task if i == 0 else "")
+        axes[2, j].set(yscale="log")
     plt.show()
-    display(P.title("Table 10. At the answer position: the student's and teacher's mass on the teacher's answer (%) and each KL's gradient there, first step and last 10 steps (seed means)"))
-    display(R.answer_summary(steps))
+    display(P.title("Table 10. Contested tokens: their share, the student's and teacher's mass on the teacher's token (%), each KL's gradient there, and the student's mass at the answer position; first step and last 10 steps (seed means)"))
+    display(R.diagnosis_summary(steps))
 
 # %% [markdown]
 # ## Lambda spectrum and coverage

@@ -220,7 +220,7 @@ def test_a_run_out_of_gpu_memory_on_the_command_line_is_one_line_with_the_settin
 
 
 @pytest.mark.parametrize("override,needle", [
-    ("grid.task_lrs={kb-mc: [1e-4, 5e-4]}", "grid.task_lrs: 'kb-mc' is not a task of the grid; choose from"),
+    ("grid.task_lrs={kb-mcq: [1e-4, 5e-4]}", "grid.task_lrs: 'kb-mcq' is not a valid task; choose from"),
     ("grid.task_lrs={countdown-3: [1e-4]}", "grid.task_lrs.countdown-3: ['1e-4'] must be a list of 2 learning rates"),
     ("grid.task_lrs={countdown-3: 1e-4}", "grid.task_lrs.countdown-3: '1e-4' must be a list of 2 learning rates"),
     ("grid.task_lrs={countdown-3: [1e-4, 0]}", "grid.task_lrs.countdown-3[1]: 0.0 must be above 0.0"),

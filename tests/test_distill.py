@@ -272,10 +272,10 @@ def test_shared_offpd_teacher_logits_are_the_teachers_and_leave_the_run_unchange
                 offpd_teacher_logits=store[:-1])
 
 
-def test_history_records_each_kl_at_the_answer_position(setup):
-    """Every step logs the answer-position diagnosis (kdlab.core.answer) from the one host read:
-    on reference completions every row has an answer; the student's and teacher's mass on the
-    teacher's answer is a probability, the gradient norms are positive."""
+def test_history_records_each_kl_at_the_answer_and_contested_positions(setup):
+    """Every step logs the diagnosis (kdlab.core.answer) from the one host read: on reference
+    completions every row has an answer position; masses are probabilities, gradient norms
+    positive, the share of contested tokens in [0, 1]."""
     import random
 
     from kdlab.core.answer import STATS
@@ -288,8 +288,12 @@ def test_history_records_each_kl_at_the_answer_position(setup):
     res = distill(student, teacher, task, cell(steps=2, batch_size=4, policy="off", kl="reverse", lr=1e-3),
                   offpd=offpd, progress=False)
     for h in res.history:
-        assert set(STATS) <= set(h)
-        assert h["answer_rows"] == 1.0
-        assert 0.0 < h["answer_p_student"] < 1.0 and 0.0 < h["answer_p_teacher"] <= 1.0
-        assert h["answer_grad_reverse"] > 0 and h["answer_grad_forward"] > 0
-        assert abs(h["answer_grad_reverse_at_a"]) <= h["answer_grad_reverse"] + 1e-9
+        assert h["answer_rows"] == 1.0 and 0.0 <= h["contested_share"] <= 1.0
+        for where in ("answer", "contested"):
+            assert {f"{where}_{k}" for k in STATS[1:]} <= set(h)
+            if where == "contested" and h["contested_share"] == 0.0:  # untrained nano models may agree everywhere
+                assert math.isnan(h["contested_p_student"])
+                continue
+            assert 0.0 < h[f"{where}_p_student"] < 1.0 and 0.0 < h[f"{where}_p_teacher"] <= 1.0
+            assert h[f"{where}_grad_reverse"] > 0 and h[f"{where}_grad_forward"] > 0
+            assert abs(h[f"{where}_grad_reverse_at_a"]) <= h[f"{where}_grad_reverse"] + 1e-9

@@ -29,7 +29,7 @@ from .batching import pad_left, pad_right, response_logits
 from ..models.codec import CHAR
 from ..core.schema import SCORE_FUNCTION
 from ..core.kl import draw_tokens, kl_loss, token_kls
-from ..core.answer import STATS, answer_positions, answer_stats
+from ..core.answer import STATS, answer_positions, contested, position_stats
 from .rollout import sample
 from ..tasks.base import ANSWER_MARK, Problem, Task
 from ..core.dtypes import DTYPES
@@ -45,8 +45,9 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
           mark_id: int | None = None) -> torch.Tensor:
     """Forward + backward of one batch slice in micro-batches; returns the summed (loss, forward
     KL, reverse KL) over its tokens, then the sums of ``kdlab.core.answer.STATS`` at the answer
-    position (the token after ``mark_id``; zeros when ``mark_id`` is None), as one float64 tensor
-    (3 + 7,) on the student's device, read by the host once per step, not per micro-batch. Micro-batch m's token-mean loss is weighted by
+    position (the token after ``mark_id``) and at the contested positions (zeros when ``mark_id``
+    is None), as one float64 tensor (3 + 2 x 7,) on the student's device, read by the host once
+    per step, not per micro-batch. Micro-batch m's token-mean loss is weighted by
     ``world * n_m / n_total`` (``n_total``: the global token count), so the accumulated
     gradient, averaged over ranks, is that of the global token mean. The loss compares
     ``softmax(z_S / tau_S)`` with ``softmax(z_T / tau_T)`` (``cfg.loss_temperatures()``); for
@@ -80,21 +81,32 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
         Trainer.backward(loss, weight)
         with torch.no_grad():
             fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
-            at_answer = (answer_stats(s_logits.detach(), t_logits, answer_positions(r_d, rm_d, mark_id))
-                         if mark_id is not None else torch.zeros(len(STATS), dtype=torch.float64, device=s_logits.device))
-            part = torch.cat([torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()]),
-                              at_answer.to(s_logits.device)])
+            if mark_id is not None:
+                z_s = s_logits.detach()
+                where = (answer_positions(r_d, rm_d, mark_id), contested(z_s, t_logits, rm_d))
+                diag = torch.cat([position_stats(z_s, t_logits, w) for w in where]).to(s_logits.device)
+            else:
+                diag = torch.zeros(2 * len(STATS), dtype=torch.float64, device=s_logits.device)
+            part = torch.cat([torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()]), diag])
             sums = part if sums is None else sums + part
         del s_logits, t_logits
     return sums
 
 
-def _answer_entry(sums: list[float], batch_size: int) -> dict[str, float]:
-    """The history's answer-position entries from ``answer_stats``' sums (summed over ranks): the
-    share of the batch's rows with an answer position, then the means over those rows (NaN when none)."""
-    n = sums[0]
-    means = {k: (v / n if n else float("nan")) for k, v in zip(STATS[1:], sums[1:])}
-    return {STATS[0]: n / batch_size, **means}
+DIAGNOSIS_MAX_VOCAB = 1024  # vocabularies up to this size record the diagnosis (kdlab.core.answer)
+
+
+def _diagnosis_entry(sums: list[float], batch_size: int, n_tokens: float) -> dict[str, float]:
+    """The history's entries of the diagnosis from ``position_stats``' sums (answer, then contested;
+    summed over ranks): ``answer_rows`` (share of the batch's rows with an answer position) and
+    ``contested_share`` (share of the response tokens that are contested), then per set the means
+    ``<set>_<stat>`` over its positions (NaN when it has none, or when nothing was recorded)."""
+    out: dict[str, float] = {}
+    for name, part, per in (("answer", sums[:len(STATS)], batch_size), ("contested", sums[len(STATS):], n_tokens)):
+        n = part[0]
+        out["answer_rows" if name == "answer" else "contested_share"] = n / per if n else (0.0 if any(sums) else float("nan"))
+        out.update({f"{name}_{k}": (v / n if n else float("nan")) for k, v in zip(STATS[1:], part[1:])})
+    return out
 
 
 def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg: RunConfig, *,
@@ -146,7 +158,9 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                       grad_clip=cfg.grad_clip, world=world)
     temp_s, temp_t = cfg.sample_temperatures()
     sf_gens: dict[str, torch.Generator] = {}
-    mark_id = codec.single_token(ANSWER_MARK)  # None where the tokenizer merges the mark with its neighbours
+    # the diagnosis of each KL at the answer and the contested positions (kdlab.core.answer): on a
+    # character vocabulary, whose (B, T, V) softmaxes are small and where "#" is one token
+    mark_id = codec.single_token(ANSWER_MARK) if codec.vocab_size <= DIAGNOSIS_MAX_VOCAB else None
 
     def sf_gen(dev: torch.device) -> torch.Generator:  # the extra tokens of kl "sf": own stream per run and rank
         if str(dev) not in sf_gens:
@@ -209,7 +223,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             # the step's one read of the loss: sums and gradient norm together (clipping a
             # non-finite gradient changes nothing that is kept: the run then stops unstepped)
             *sums, gnorm_val = torch.cat([sums, gnorm.detach().double().reshape(1).to(sums.device)]).tolist()
-            loss_sum, fkl_sum, rkl_sum, *at_answer = _sum_over_ranks(sums, device)
+            loss_sum, fkl_sum, rkl_sum, *diagnosis = _sum_over_ranks(sums, device)
             loss_val = loss_sum / n_total
             if not math.isfinite(loss_val):
                 collapsed, collapse_step = True, step
@@ -226,7 +240,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                             "reverse_kl": rkl_sum / n_total, "grad_norm": gnorm_val, "entropy": entropy,
                             "length": n_total / cfg.batch_size, "lr": trainer.current_lr,
                             "time_s": t2 - t0, "cpu_s": time.process_time() - c0,
-                            **_answer_entry(at_answer, cfg.batch_size), **extra})
+                            **_diagnosis_entry(diagnosis, cfg.batch_size, n_total), **extra})
             phase["rollout"] += t1 - t0
             phase["step"] += t2 - t1
             if not finite:

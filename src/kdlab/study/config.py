@@ -322,7 +322,7 @@ def validate_profile(p: Profile) -> Profile:
             raise ConfigError(f"task {t!r} (in grid.tasks / grid.lambda_tasks / eval.harder) is not a valid choice; choose from {valid}")
     if not p.grid.seeds:
         raise ConfigError("grid.seeds: must list at least one seed")
-    _check_task_lrs(p.grid)
+    _check_task_lrs(p.grid, valid)
     if not p.eval.pass_ks:
         raise ConfigError("eval.pass_ks: must list at least one k")
     if p.rlvr.enabled:
@@ -337,17 +337,17 @@ def validate_profile(p: Profile) -> Profile:
     return p
 
 
-def _check_task_lrs(g: GridSpec) -> None:
-    """``grid.task_lrs``: tasks of the grid, each with one learning rate per ``grid.lrs`` entry, in
-    the order of ``grid.lrs`` (so that each keeps its role: the low rate below the high one)."""
-    tasks = list(dict.fromkeys(g.tasks + g.lambda_tasks))
+def _check_task_lrs(g: GridSpec, tasks: list[str]) -> None:
+    """``grid.task_lrs``: tasks of the profile (``tasks``: its valid ones; a profile that extends
+    another may distil fewer), each with one learning rate per ``grid.lrs`` entry, in the order of
+    ``grid.lrs`` (so that each keeps its role: the low rate below the high one)."""
     if g.task_lrs and len(set(g.lrs)) != len(g.lrs):
         raise ConfigError(f"grid.lrs: {g.lrs} repeats a rate, so grid.task_lrs cannot tell its roles apart")
     order = sorted(range(len(g.lrs)), key=lambda i: g.lrs[i])
     for task, rates in list(g.task_lrs.items()):
         key = f"grid.task_lrs.{task}"
         if task not in tasks:
-            raise ConfigError(f"grid.task_lrs: {task!r} is not a task of the grid; choose from {tasks}")
+            raise ConfigError(f"grid.task_lrs: {task!r} is not a valid task; choose from {tasks}")
         if not isinstance(rates, list) or len(rates) != len(g.lrs):
             raise ConfigError(f"{key}: {rates!r} must be a list of {len(g.lrs)} learning rates, one per grid.lrs "
                               f"entry {g.lrs}")

@@ -148,16 +148,17 @@ def task_rates(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-ANSWER_STATS = ("answer_p_student", "answer_p_teacher", "answer_grad_reverse_at_a", "answer_grad_forward_at_a",
-                "answer_grad_reverse", "answer_grad_forward")  # per step in history.json (kdlab.core.answer)
+DIAGNOSIS = ("contested_share", "contested_p_student", "contested_p_teacher", "contested_grad_reverse_at_a",
+             "contested_grad_forward_at_a", "answer_p_student", "answer_p_teacher", "answer_grad_reverse_at_a",
+             "answer_grad_forward_at_a")  # per step in history.json (kdlab.core.answer, kdlab.engine.distill)
 
 
-def answer_steps(study_dir: str | Path, df: pd.DataFrame) -> pd.DataFrame:
-    """The answer-position diagnosis of every main-grid run (off/on x forward/reverse) per step, from
-    its ``history.json``: task, policy, kl, lr, seed, step and ``ANSWER_STATS`` (means over the
-    step's rows with an answer position; kdlab.core.answer), plus ``grad_at_a``: the gradient of
-    the run's own KL at the teacher's answer token. Runs whose history has no answer-position
-    entries (recorded before them, or a tokenizer without a one-token answer mark) are left out."""
+def diagnosis_steps(study_dir: str | Path, df: pd.DataFrame) -> pd.DataFrame:
+    """The diagnosis of each KL (kdlab.core.answer) of every main-grid run (off/on x forward/reverse)
+    per step, from its ``history.json``: task, policy, kl, lr, seed, step, ``DIAGNOSIS`` (means over
+    the step's contested / answer positions) and ``contested_grad_at_a``: the gradient of the run's
+    own KL at the teacher's token on the contested positions. Runs whose history has no diagnosis
+    (recorded before it, or a large vocabulary) are left out."""
     core = df[df["policy"].isin(CORE_POLICIES) & df["kl"].isin(CORE_KLS)]
     frames = []
     for r in core.itertuples():
@@ -165,36 +166,37 @@ def answer_steps(study_dir: str | Path, df: pd.DataFrame) -> pd.DataFrame:
         if not path.exists():
             continue
         hist = pd.DataFrame(_read_json(path))
-        if not set(ANSWER_STATS) <= set(hist.columns) or hist["answer_p_student"].isna().all():
+        if not set(DIAGNOSIS) <= set(hist.columns) or hist["contested_share"].isna().all():
             continue
-        hist = hist[["step", *ANSWER_STATS]].assign(task=r.task, policy=r.policy, kl=r.kl, lr=r.lr, seed=r.seed)
-        frames.append(hist)
-    cols = ["task", "policy", "kl", "lr", "seed", "step", *ANSWER_STATS, "grad_at_a"]
+        frames.append(hist[["step", *DIAGNOSIS]].assign(task=r.task, policy=r.policy, kl=r.kl, lr=r.lr, seed=r.seed))
+    cols = ["task", "policy", "kl", "lr", "seed", "step", *DIAGNOSIS, "contested_grad_at_a"]
     if not frames:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)
-    out["grad_at_a"] = out["answer_grad_reverse_at_a"].where(out["kl"] == "reverse", out["answer_grad_forward_at_a"])
+    out["contested_grad_at_a"] = out["contested_grad_reverse_at_a"].where(out["kl"] == "reverse",
+                                                                          out["contested_grad_forward_at_a"])
     return out[cols]
 
 
-def answer_summary(steps: pd.DataFrame, last: int = 10) -> pd.DataFrame:
-    """``answer_steps`` at the first step and over the ``last`` steps of each run, seed means per
-    task x policy x KL x lr: the student's and teacher's mass on the teacher's answer token and the
-    gradient of each KL at that token (percent for the masses)."""
+def diagnosis_summary(steps: pd.DataFrame, last: int = 10) -> pd.DataFrame:
+    """``diagnosis_steps`` at the first step and over the ``last`` steps of each run, seed means per
+    task x policy x KL x lr: the share of contested tokens, the student's and the teacher's mass on
+    the teacher's token there, each KL's gradient at that token, and the student's mass on the
+    teacher's token at the answer position (masses and shares in percent)."""
     if steps.empty:
         return pd.DataFrame()
     end = steps.groupby(["task", "policy", "kl", "lr", "seed"])["step"].transform("max")
-    parts = {"first step": steps[steps["step"] == 0], f"last {last} steps": steps[steps["step"] > end - last]}
-    rows = []
-    for when, d in parts.items():
-        m = d.groupby(["task", "policy", "kl", "lr"])[list(ANSWER_STATS[:4])].mean()
-        m = m.assign(when=when)
-        rows.append(m.reset_index())
-    out = pd.concat(rows, ignore_index=True)
-    out["answer_p_student"] *= 100
-    out["answer_p_teacher"] *= 100
-    out = out.rename(columns={"answer_p_student": "p_S(a) %", "answer_p_teacher": "p_T(a) %",
-                              "answer_grad_reverse_at_a": "dKL_rev/dz_a", "answer_grad_forward_at_a": "dKL_fwd/dz_a"})
+    keep = ["contested_share", "contested_p_student", "contested_p_teacher", "contested_grad_reverse_at_a",
+            "contested_grad_forward_at_a", "answer_p_student"]
+    frames = []
+    for when, d in {"first step": steps[steps["step"] == 0], f"last {last} steps": steps[steps["step"] > end - last]}.items():
+        frames.append(d.groupby(["task", "policy", "kl", "lr"])[keep].mean().assign(when=when).reset_index())
+    out = pd.concat(frames, ignore_index=True)
+    for c in ("contested_share", "contested_p_student", "contested_p_teacher", "answer_p_student"):
+        out[c] *= 100
+    out = out.rename(columns={"contested_share": "contested tokens %", "contested_p_student": "p_S(a) %",
+                              "contested_p_teacher": "p_T(a) %", "contested_grad_reverse_at_a": "dKL_rev/dz_a",
+                              "contested_grad_forward_at_a": "dKL_fwd/dz_a", "answer_p_student": "answer: p_S(a) %"})
     return out.set_index(["task", "policy", "kl", "lr", "when"]).sort_index().round(4)
 
 

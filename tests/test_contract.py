@@ -44,7 +44,9 @@ def test_run_config_takes_every_distill_setting_from_the_profile():
     cfg = run_config(profile, **CELL)
     assert {k: getattr(cfg, k) for k in OTHER} == OTHER
     assert (cfg.data_seed, cfg.micro_batch_size, cfg.kl_chunk_size) == (3, 2, 16)
-    assert (cfg.task, cfg.policy, cfg.lam, cfg.kl, cfg.lr, cfg.seed) == ("countdown-3", "on", 1.0, "reverse", 2e-4, 1)
+    # the grid's low rate 2e-4 is countdown-3's own low rate in quick (grid.task_lrs)
+    assert (cfg.task, cfg.policy, cfg.lam, cfg.kl, cfg.lr, cfg.seed) == ("countdown-3", "on", 1.0, "reverse", 1e-4, 1)
+    assert run_config(profile, **CELL, task_rate=False).lr == 2e-4
 
 
 @pytest.mark.parametrize("where", ["grid.lrs", "style.lrs", "RunConfig", "--lr", "rlvr.lr", "student_pretrain.lr"])

@@ -327,3 +327,22 @@ def test_bench_study_summarises_a_study_by_phase(tmp_path):
     assert out["worker_s_by_phase"] == {"rollout": 25.0, "step": 90.0, "eval": 15.0, "run_other": 20.0,
                                         "notebook_overhead": 10.0}
     assert out["run_wall_s_by_task"]["kb-mc"] == {"mean": 50.0, "min": 50.0, "max": 50.0}
+
+
+def test_the_head_kl_benchmark_runs_both_paths_and_compares_them(tmp_path):
+    """benchmarks/bench_head_kl.py end to end on a few tokens: both paths in subprocesses, equal
+    values and gradients, the JSON written; bad sizes refused with exit 2."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "head_kl.json"
+    script = str(REPO_ROOT / "benchmarks" / "bench_head_kl.py")
+    done = subprocess.run([sys.executable, script, "--tokens", "8", "--chunk-size", "3", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert {(r["vocab"], r["direction"]) for r in rows} == {(v, k) for v in (49_152, 128_256) for k in ("forward", "reverse")}
+    assert all(r["within_tolerance"] and r["logits_peak_mb"] >= 0 for r in rows)
+    bad = subprocess.run([sys.executable, script, "--tokens", "0", "--out", str(tmp_path / "x.json")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--tokens" in bad.stderr and not (tmp_path / "x.json").exists()

@@ -37,7 +37,8 @@ timing = R.load_timing(study_dir)
 runs = R.annotate(df)
 lrs = ", ".join(f"{lr:g}" for lr in sorted(df["lr"].unique()))
 display(Markdown(f"**{Path(study_dir).name}**: {len(df)} completed runs; tasks {', '.join(sorted(df['task'].unique()))}; "
-                 f"learning rates {lrs}; seeds {sorted(df['seed'].unique().tolist())}; "
+                 f"grid learning rates {lrs} (a task's own rates of each role: Table 1; the tables name a rate by "
+                 f"its grid rate); seeds {sorted(df['seed'].unique().tolist())}; "
                  f"parameter dtype {', '.join(sorted(df['dtype'].astype(str).unique()))}."))
 failures = R.failed_runs(study_dir)
 if len(failures):

@@ -72,7 +72,7 @@ def test_boundaries_are_inclusive():
 def test_missing_cells_and_a_single_rate_are_not_measured():
     check = G.regime_check(table(drop={("kb-mc", "on", "forward", HI)}))
     assert status(check, "kb-mc", G.LEARNS) == G.NOT_MEASURED
-    assert "on/forward lr 0.001" in check.set_index(["task", "role"]).loc[("kb-mc", G.LEARNS), "measured"]
+    assert "on/forward high" in check.set_index(["task", "role"]).loc[("kb-mc", G.LEARNS), "measured"]
     assert status(check, "kb-mc", G.HIGH_BAND) == G.NOT_MEASURED and status(check, "kb-mc", G.LOW_SMALL) == G.MET
     one = table()
     check = G.regime_check(one[one["lr"] == LO])

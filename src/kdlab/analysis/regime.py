@@ -94,7 +94,8 @@ def regime_check(df: pd.DataFrame) -> pd.DataFrame:
         lo, hi = levels
         gain = _cell_means(d.assign(gain=(d["accuracy"] - d["base_accuracy"]) * 100.0), "gain")
         forget = _cell_means(d.assign(f=d["forgetting"] * 100.0), "f")
-        learn = {f"{p}/forward lr {r:g}": _get(gain, (p, "forward", r)) for r in (lo, hi) for p in POLICIES}
+        learn = {f"{p}/forward {name}": _get(gain, (p, "forward", r)) for name, r in (("low", lo), ("high", hi))
+                 for p in POLICIES}
         high = {f"{p}/{k}": _get(forget, (p, k, hi)) for p in POLICIES for k in KLS}
         low = {f"{p}/{k}": _get(forget, (p, k, lo)) for p in POLICIES for k in KLS}
         for role, values, rule in (

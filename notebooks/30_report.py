@@ -35,11 +35,10 @@ df = R.load_results(study_dir)
 models = R.load_models(study_dir)
 timing = R.load_timing(study_dir)
 runs = R.annotate(df)
-lrs = ", ".join(f"{lr:g}" for lr in sorted(df["lr"].unique()))
+lrs = " / ".join(f"{lr:g}" for lr in sorted(df["lr"].unique()))
 display(Markdown(f"**{Path(study_dir).name}**: {len(df)} completed runs; tasks {', '.join(sorted(df['task'].unique()))}; "
-                 f"grid learning rates {lrs} (a task's own rates of each role: Table 1; the tables name a rate by "
-                 f"its grid rate); seeds {sorted(df['seed'].unique().tolist())}; "
-                 f"parameter dtype {', '.join(sorted(df['dtype'].astype(str).unique()))}."))
+                 f"grid rates {lrs} (each task's own: below Table 2); seeds {sorted(df['seed'].unique().tolist())}; "
+                 f"{', '.join(sorted(df['dtype'].astype(str).unique()))} parameters."))
 failures = R.failed_runs(study_dir)
 if len(failures):
     display(Markdown(f"**{len(failures)} runs failed** and are missing from every table below "
@@ -47,33 +46,25 @@ if len(failures):
     display(failures)
 
 # %% [markdown]
-# ## Regime check
-# Does this study's regime play the three roles the paper's findings are read in? Per task:
-# forward KL learns at both rates; the high rate forgets visibly but leaves a working model; the
-# low rate forgets little (rules: `kdlab.analysis.regime`; points = percentage points, seed
-# means per cell). A scoreboard verdict that rests on a role marked not met says so in its
-# `regime` column.
+# ## Regime check and findings scoreboard
+# Table 1: does the regime play the paper's three roles, per task? Table 2: one verdict per claim of STUDY.md (a
+# compound finding's line counts its parts); `regime`: the unmet roles a verdict rests on. Points = percentage points.
 
 # %%
 check = regime.regime_check(prepare_results(df))
-display(P.title("Table 1. Regime check: the roles of the paper's regime, per task (range over the cells each rule reads, points)"))
+display(P.title("Table 1. Regime check: the paper's roles per task (range over the cells each rule reads, points)"))
 display(P.compact_html(regime.regime_table(check)))
-display(Markdown("Rules: " + "; ".join(f"*{role}*: {rule}" for role, rule in regime.RULES.items()) + ". "
-                 "Learning rates per task (low, high): " + "; ".join(
-                     f"{task} {', '.join(row.astype(str))}" for task, row in R.task_rates(df).iterrows()) + "."))
-
-# %% [markdown]
-# ## Findings scoreboard
-# One verdict per claim of STUDY.md's findings: a compound finding's line counts its parts (2a, 2b, ...) that
-# hold; points = percentage points. Each test and its evidence: section *Statistics* below.
-
-# %%
 board = P.scoreboard_view(study_dir)
 if board is None:
     display(Markdown("*No scoreboard: the statistics section (70_statistics) did not write one; see it below.*"))
 else:
     display(P.title("Table 2. Findings scoreboard, one row per claim: verdict, statistic (unit on each row), 95% interval"))
     display(P.scoreboard_html(board))
+display(Markdown("The regime check's rules (`kdlab.analysis.regime`; seed means per cell): "
+                 + "; ".join(f"*{role}*: {rule}" for role, rule in regime.RULES.items()) + ". "
+                 "Learning rates per task (low, high): " + "; ".join(
+                     f"{task} {', '.join(row.astype(str))}" for task, row in R.task_rates(df).iterrows())
+                 + ". Each test and its evidence: section *Statistics* below."))
 
 # %% [markdown]
 # ## Which knob explains each metric

@@ -77,7 +77,7 @@ REGIME_COLUMN = "regime"  # the scoreboard's note of the unmet regime roles a ve
 
 def _regime(r: dict) -> str:
     """A scoreboard row's regime note as shown: "⚠ " and the roles it rests on that are not met."""
-    note = _text(r, "regime")
+    note = _text(r, "regime").removeprefix("rests on unmet roles: ")
     return f"⚠ {note}" if note else ""
 
 
@@ -89,7 +89,7 @@ def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
     A finding with several parts gets its own line, which counts the parts that hold ("1 of 2
     parts reproduced (1 not reproduced)") and shows no statistic, followed by one row per part with
     that part's claim, verdict, statistic and interval. A finding with a single part, or not run,
-    is one row. Column ``regime`` (when section 70 wrote one): "⚠ rests on unmet roles: ..." on
+    is one row. Column ``regime`` (when section 70 wrote one): "⚠ <role> (not met: <tasks>)" on
     each row whose verdict rests on a role of the regime check that is not met. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
     path = _stat_dir(study_dir) / "scoreboard.csv"
     if not path.exists():

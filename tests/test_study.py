@@ -133,11 +133,12 @@ def test_embedded_default_profile_is_a_valid_controlled_grid():
     # the paper's main grid in miniature: its three target tasks, each with its own teacher
     tasks = ("countdown-3", "kb-mc", "rules-mc")
     assert len(cells) == 72 and {c.task for c in cells} == set(tasks)  # x the paper's three seeds
-    low, high = sorted(profile.grid.lrs)
-    assert high / low == pytest.approx(5.0)  # the paper's ratio between the high and the low rate
+    rates = {t: [profile.grid.rate(t, lr) for lr in sorted(profile.grid.lrs)] for t in tasks}  # grid.task_lrs
+    for low, high in rates.values():
+        assert high / low == pytest.approx(5.0)  # the paper's ratio between the high and the low rate, per task
     assert {(c.task, c.policy, c.kl, c.lr, c.seed) for c in cells} == {
         (t, p, k, lr, s) for t in tasks for p in ("off", "on") for k in ("forward", "reverse")
-        for lr in (low, high) for s in (0, 1, 2)}
+        for lr in rates[t] for s in (0, 1, 2)}
     # the paper's training details (docs/calibration.md 15): teacher 0.5 / student 1.0, 10 warm-up steps, fused AdamW
     d = profile.distill
     assert (d.teacher_temperature, d.student_temperature, d.warmup, d.fused_adamw, d.batch_size) == (0.5, 1.0, 10, True, 32)

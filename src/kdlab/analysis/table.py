@@ -108,7 +108,7 @@ def probe_columns(df: pd.DataFrame, prefix: str = "forgetting_") -> list[str]:
 
 def metric_columns(df: pd.DataFrame) -> list[str]:
     """Numeric outcome columns (everything numeric that is not a factor or a bookkeeping field)."""
-    skip = set(FACTORS) | {"steps", "batch_size", "temperature", "collapse_step", "steps_done", "lr_run",
+    skip = set(FACTORS) | {"steps", "batch_size", "temperature", "collapse_step", "steps_done", "lr_run", "grid_lr",
                            *TRAINING_DETAILS}
     return [c for c in df.columns if c not in skip and pd.api.types.is_numeric_dtype(df[c])
             and not pd.api.types.is_bool_dtype(df[c])]

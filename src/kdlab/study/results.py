@@ -87,7 +87,7 @@ def collect(study_dir: str | Path) -> pd.DataFrame:
     df["lr_run"] = df["lr"]  # the rate the run trained at; lr: the grid's rate whose role it plays
     if "grid_lr" in df.columns:
         df["lr"] = pd.to_numeric(df["grid_lr"], errors="coerce").astype(float).fillna(df["lr_run"])
-        df = df.drop(columns="grid_lr")
+    df["grid_lr"] = df["lr"]
     if "collapse_step" in df.columns:
         df["collapse_step"] = pd.to_numeric(df["collapse_step"], errors="coerce").astype(float)
     df["collapsed"] = df["collapsed"].fillna(False).astype(bool)

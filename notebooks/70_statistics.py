@@ -43,7 +43,7 @@ import pandas as pd
 from kdlab.study.report_page import title
 from IPython.display import Image, display
 
-from kdlab.analysis import findings, regime, stats
+from kdlab.analysis import findings, power, regime, stats
 from kdlab.analysis.followups import findings_table
 from kdlab.analysis.table import load_results, main_grid, notebook_out_dir, resolve_path
 from kdlab.analysis.explore import figure_png
@@ -150,9 +150,22 @@ board = findings.scoreboard(findings_table(study_dir, df), grad_table)  # + RLVR
 check = regime.regime_check(df)  # the regime's three roles per task (kdlab.analysis.regime)
 check.to_csv(OUT / "regime_check.csv", index=False)
 board["regime"] = regime.regime_notes(board, check).values  # a verdict resting on an unmet role says so
+board = power.add_power(board)  # each part's interval half-width against the distance to its bound
 board.to_csv(OUT / "scoreboard.csv", index=False)
 (OUT / "scoreboard.json").write_text(json.dumps(board.to_dict(orient="records"), indent=2))
 parts = findings.part_rows(board)
 print(f"{len(parts)} parts of {len(findings.summary_rows(board))} findings:", parts["verdict"].value_counts().to_dict())
 display(title('Findings scoreboard, one row per finding then per part: verdict, statistic (unit on each row), 95% interval'))
-board.set_index("label")
+display(board.set_index("label"))
+
+# %% [markdown]
+# ### The power of each inconclusive part
+# `half_width`: the 95% interval's half on the bound's side; `needed`: the distance from the
+# estimate to the bound (the margin the verdict must clear); `factor` = (half_width / needed)²:
+# about how many times the data (seeds, or evaluation problems for binomial intervals) the part
+# needs to be decided if its estimate stays where it is (`kdlab.analysis.power`).
+
+# %%
+weak = power.inconclusive_power(board)
+display(title(f"Inconclusive parts ({len(weak)}), the data each needs (statistic units; shares as fractions)"))
+weak

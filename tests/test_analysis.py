@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy import stats as sstats
 
-from kdlab.analysis import explore, findings, spectrum, stats, toy
+from kdlab.analysis import explore, findings, power, spectrum, stats, toy
 from kdlab.engine import gradients as ga
 from kdlab.analysis.synthetic import SyntheticEffects, synthetic_results
 from kdlab.analysis.table import main_grid, prepare_results, resolve_path, variant_columns
@@ -598,6 +598,9 @@ def test_notebook_70_statistics(study_dir, tmp_path):
     expected = findings.scoreboard(prepare_results(pd.read_parquet(study_dir / "results.parquet")))
     assert [r["label"] for r in board] == list(expected["label"])
     assert [r["verdict"] for r in board] == list(expected["verdict"])
+    # every part carries its power: the interval's half-width against the distance to its bound
+    assert [r["power"] for r in board] == list(power.add_power(expected)["power"])
+    assert any(r["power"] for r in board if r["part"]) and not any(r["power"] for r in board if not r["part"])
     knobs = pd.read_csv(out / "knob_table.csv", index_col=0)
     assert knobs["forgetting"].idxmax() == "lr"
     assert json.loads((out / "mixed_model.json").read_text())["accuracy"]["status"] == "fit"

@@ -81,6 +81,9 @@ def _regime(r: dict) -> str:
     return f"⚠ {note}" if note else ""
 
 
+POWER_COLUMN = "power"  # a part's interval half-width against the distance to its bound (kdlab.analysis.power)
+
+
 def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
     """The findings scoreboard as shown first, one row per claim: finding (``2`` for the finding,
     ``2a``, ``2b``, ... for its parts), claim, verdict, statistic (with its name and unit) and its
@@ -90,7 +93,10 @@ def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
     parts reproduced (1 not reproduced)") and shows no statistic, followed by one row per part with
     that part's claim, verdict, statistic and interval. A finding with a single part, or not run,
     is one row. Column ``regime`` (when section 70 wrote one): "⚠ <role> (not met: <tasks>)" on
-    each row whose verdict rests on a role of the regime check that is not met. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
+    each row whose verdict rests on a role of the regime check that is not met. Column ``power``
+(when section 70 wrote one): the part's 95% interval half-width on its bound's side against the
+distance from its estimate to the bound, and for an inconclusive part about how many times the
+data it needs. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
     path = _stat_dir(study_dir) / "scoreboard.csv"
     if not path.exists():
         return None
@@ -109,22 +115,23 @@ def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
             stat, interval = _statistic(summary, unit)
             rows.append({"finding": str(number), "claim (STUDY.md)": _text(summary, "claim"),
                          "verdict": _VERDICT_MARK.get(verdict, verdict), "statistic": stat, "95% interval": interval,
+                         POWER_COLUMN: _text(parts[0] if parts else summary, POWER_COLUMN),
                          REGIME_COLUMN: _regime(summary)})
             continue
         n_rep = sum(p["verdict"] == "reproduced" for p in parts)
         rows.append({"finding": str(number), "claim (STUDY.md)": _text(summary, "claim"),
                      "verdict": _summary_mark(verdict, len(parts), n_rep),
                      "statistic": f"parts {number}{parts[0]['part']}–{number}{parts[-1]['part']}", "95% interval": "",
-                     REGIME_COLUMN: ""})
+                     POWER_COLUMN: "", REGIME_COLUMN: ""})
         for p in parts:
             stat, interval = _statistic(p, _text(p, "unit"))
             if p["verdict"] == "not run":
                 stat = _text(p, "detail").split("not run", 1)[-1].strip(" ()") or "–"
             rows.append({"finding": f"{number}{p['part']}", "claim (STUDY.md)": _text(p, "claim"),
                          "verdict": _VERDICT_MARK.get(p["verdict"], p["verdict"]), "statistic": stat,
-                         "95% interval": interval, REGIME_COLUMN: _regime(p)})
+                         "95% interval": interval, POWER_COLUMN: _text(p, POWER_COLUMN), REGIME_COLUMN: _regime(p)})
     view = pd.DataFrame(rows).set_index("finding")
-    return view if "regime" in board.columns else view.drop(columns=REGIME_COLUMN)
+    return view.drop(columns=[c for c in (POWER_COLUMN, REGIME_COLUMN) if c not in board.columns])
 
 
 SCOREBOARD_CLASS = "kdlab-scoreboard"  # the first screen's table: never folded (collapse_long_tables)

@@ -234,3 +234,35 @@ def test_the_shared_offpd_teacher_logits_on_the_gpu():
         res = distill(student, teacher, task, cell(steps=2, batch_size=4), offpd=offpd, progress=False,
                       offpd_teacher_logits=store.cpu())
     assert [h["teacher_cached"] for h in res.history] == [1.0, 1.0]
+
+
+def test_rlvr_on_the_gpu_samples_there_and_matches_the_cpu(monkeypatch):
+    """GRPO with the policy on the GPU: its rollouts draw with a generator on the model's device (a
+    CPU generator would copy every token's (B, V) probabilities to the host), no device mix in
+    the loss, the KL penalty and the one read per epoch, and the CPU run's history."""
+    from kdlab.engine import rlvr
+    from kdlab.engine.rlvr import RLVRConfig, grpo_train
+
+    task = get_task("countdown-3")
+    pool = ProblemPool(task, "train", 32, seed=0)
+    cfg = RLVRConfig(steps=2, prompts_per_step=2, group_size=3, lr=1e-3, seed=0, dtype="fp32", kl_coef=0.1,
+                     inner_epochs=2)
+    ref = grpo_train(build_model("llama", "nano", seed=0), task, cfg, pool, progress=False)
+    devices = []
+    real_sample = rlvr.sample
+
+    def recording(*args, **kw):
+        devices.append(kw["generator"].device.type)
+        return real_sample(*args, **kw)
+
+    monkeypatch.setattr(rlvr, "sample", recording)
+    with cuda_stand_in():
+        model = to_stand_in(build_model("llama", "nano", seed=0))
+        got = grpo_train(model, task, cfg, pool, progress=False)
+        assert next(model.parameters()).device.type == "cuda"
+    assert devices == ["cuda", "cuda"]
+    assert len(got["history"]) == len(ref["history"]) == 2 and not got["nan"]
+    for g, r in zip(got["history"], ref["history"]):
+        assert g["reward_mean"] == r["reward_mean"] and g["length"] == r["length"]
+        for key in ("loss", "ratio_mean", "kl", "grad_norm"):
+            assert g[key] == pytest.approx(r[key], rel=1e-4, abs=1e-6), key

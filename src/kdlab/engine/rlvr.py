@@ -90,6 +90,9 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return z.gather(-1, tokens.long().unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
 
 
+STAT_KEYS = ("clip_frac", "ratio_mean", "kl")  # grpo_loss's stats, in the order grpo_train reads them
+
+
 def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               clip_eps: float = 0.2, kl_coef: float = 0.0, logp_ref: torch.Tensor | None = None,
               normalisation: str = "sequence") -> tuple[torch.Tensor, dict[str, float]]:
@@ -123,7 +126,8 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     Returns:
         (loss, stats): loss is a 0-dim tensor; stats has ``clip_frac`` (share of masked tokens where
         the clipped branch is taken, i.e. its gradient is zero), ``ratio_mean`` and ``kl`` (mean k3
-        over masked tokens; 0 when no reference is given), all plain floats.
+        over masked tokens; 0 when no reference is given), all 0-dim float tensors on the loss's
+        device: nothing here reads the device (the caller reads loss and stats once, together).
     """
     if logp_new.dim() != 2:
         raise ValueError(f"logp_new must be (B, R), got shape {tuple(logp_new.shape)}")
@@ -161,7 +165,9 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
     if normalisation == "sequence":
         has = n_tok > 0
         seq = per_token.sum(dim=1) / n_tok.clamp(min=1)
-        loss = seq[has].mean() if bool(has.any()) else per_token.sum()
+        # the mean over responses with a token, written without a host read: (B,) weights 0 / 1;
+        # no such response gives 0 (every per_token entry is masked to 0), as the empty mean would
+        loss = (seq * has).sum() / has.sum().clamp(min=1)
     else:
         loss = per_token.sum() / n_tok.sum().clamp(min=1)
 
@@ -171,9 +177,9 @@ def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.
         # the range on the side the advantage pushes it towards.
         is_clipped = ((adv > 0) & (ratio > 1.0 + clip_eps)) | ((adv < 0) & (ratio < 1.0 - clip_eps))
         stats = {
-            "clip_frac": float((is_clipped & mask).sum() / total),
-            "ratio_mean": float((ratio * mask).sum() / total),
-            "kl": float(kl_tok.sum() / total) if kl_tok is not None else 0.0,
+            "clip_frac": (is_clipped & mask).sum() / total,
+            "ratio_mean": (ratio * mask).sum() / total,
+            "kl": kl_tok.sum() / total if kl_tok is not None else torch.zeros((), device=ratio.device),
         }
     return loss, stats
 
@@ -271,8 +277,10 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
     phase = {"rollout": 0.0, "update": 0.0, "eval": 0.0}
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
     model.to(DTYPES[cfg.dtype])
+    # sampling draws on the model's device: a CPU generator would copy each token's (B, V)
+    # probabilities to the host (the same stream as before on a CPU)
+    gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
     max_new = cfg.max_new_tokens or task.max_new_tokens
     ref = None
     if cfg.kl_coef > 0:
@@ -322,15 +330,17 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
                 logp_old = logp_new.detach()
             loss, stats = grpo_loss(logp_new, logp_old, adv, mask, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
                                     logp_ref=logp_ref, normalisation=cfg.normalisation)
-            loss_val = loss.item()
-            if not math.isfinite(loss_val):
-                nan_stop = True
-                break
             trainer.zero_grad()
             trainer.backward(loss)
-            gnorm = float(trainer.clip())
-            if not math.isfinite(gnorm):
+            gnorm_t = trainer.clip()
+            # the epoch's one host read: loss, its stats and the gradient norm together (a
+            # non-finite loss or gradient stops the run before the optimiser steps)
+            loss_val, *vals, gnorm = torch.stack([loss.detach().float(), *(stats[k].float() for k in STAT_KEYS),
+                                                  gnorm_t.detach().float().to(loss.device)]).tolist()
+            stats = dict(zip(STAT_KEYS, vals))
+            if not (math.isfinite(loss_val) and math.isfinite(gnorm)):
                 nan_stop = True
+                trainer.zero_grad()
                 break
             trainer.step()
         model.eval()
@@ -346,7 +356,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
             "reward_std": float(rewards.std(unbiased=False)),
             "solved_groups": float((rewards.amax(dim=1) > 0).float().mean()),
             "zero_adv_groups": float((rewards.amax(dim=1) == rewards.amin(dim=1)).float().mean()),
-            "length": float(mask.sum(dim=1).float().mean()),
+            "length": float(ro.mask.sum(dim=1).float().mean()),  # the rollout's mask is on the host
             "loss": loss_val,
             "clip_frac": stats.get("clip_frac", float("nan")),
             "ratio_mean": stats.get("ratio_mean", float("nan")),

@@ -47,8 +47,7 @@ if len(failures):
 
 # %% [markdown]
 # ## Regime check and findings scoreboard
-# Table 1: does the regime play the paper's three roles, per task? Table 2: one verdict per claim of STUDY.md (a
-# compound finding's line counts its parts); `regime`: the unmet roles a verdict rests on. Points = percentage points.
+# Does the regime play the paper's three roles (Table 1), and what does each claim of STUDY.md come to (Table 2)?
 
 # %%
 check = regime.regime_check(prepare_results(df))
@@ -60,7 +59,13 @@ if board is None:
 else:
     display(P.title("Table 2. Findings scoreboard, one row per claim: verdict, statistic (unit on each row), 95% interval"))
     display(P.scoreboard_html(board))
-display(Markdown("The regime check's rules (`kdlab.analysis.regime`; seed means per cell): "
+display(Markdown("Table 2: a compound finding's line counts its parts (hover for the full verdict; hover a "
+                 "statistic for its name); points = percentage points. *power*: the 95% interval's half-width on "
+                 "the side of the verdict's bound against the distance from the estimate to that bound (decided "
+                 "when smaller), and for an inconclusive part about how many times its data (seeds, or evaluation "
+                 "problems) would decide it if the estimate stayed (`kdlab.analysis.power`). *regime*: the unmet "
+                 "roles of Table 1 a verdict rests on, with their tasks. "
+                 "The regime check's rules (`kdlab.analysis.regime`; seed means per cell): "
                  + "; ".join(f"*{role}*: {rule}" for role, rule in regime.RULES.items()) + ". "
                  "Learning rates per task (low, high): " + "; ".join(
                      f"{task} {', '.join(row.astype(str))}" for task, row in R.task_rates(df).iterrows())

@@ -246,3 +246,50 @@ def test_report_first_screen_shows_the_scoreboard(full_study):
             assert all(re.search(r"reproduced|inconclusive|not run", v) for v in verdicts), verdicts
         finally:
             browser.close()
+
+
+def test_a_quick_sized_scoreboard_fits_the_first_screen(full_study, tmp_path):
+    """The quick study's scoreboard (findings 1-6 with their parts, 7-13 not run: 25 rows), with
+    its power and regime columns filled, swapped into the tiny report: every row, whole, within
+    the first 1400 x 900 pixels."""
+    import pandas as pd
+    from playwright.sync_api import sync_playwright
+
+    from kdlab.analysis import findings, power
+    from kdlab.study import report_page as P
+    from test_findings_parts import GRADIENTS_OK, _paper
+
+    _needs_browser()
+    board = findings.scoreboard(_paper(), GRADIENTS_OK)
+    quick = board[(board["finding"] <= 6) | (board["part"] == "")].copy()
+    later = quick["finding"] > 6
+    quick.loc[later, ["verdict", "statistic", "ci_low", "ci_high"]] = ["not run", None, None, None]
+    quick["regime"] = ["" if f in (4, 6) or p == "" else
+                       "rests on unmet roles: high-rate band (not met: countdown-3, rules-mc)" if f == 3 else
+                       "rests on unmet roles: learns (not met: countdown-3)" for f, p in zip(quick["finding"], quick["part"])]
+    quick = power.add_power(quick)
+    out = tmp_path / "analysis" / "70_statistics"
+    out.mkdir(parents=True)
+    quick.to_csv(out / "scoreboard.csv", index=False)
+    view = P.scoreboard_view(tmp_path)
+    assert len(view) == 25 and view["power"].str.contains("<").sum() >= 8
+    table = P.scoreboard_html(view).data
+    page = (full_study.study_dir / "report.html").read_text()
+    start = page.rfind("<style", 0, page.index(P.SCOREBOARD_CLASS))
+    end = page.index("</table>", start) + len("</table>")
+    report = tmp_path / "report.html"
+    report.write_text(page[:start] + table + page[end:])
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.goto(report.as_uri())
+            page.screenshot(path=str(ARTIFACTS / "report_first_screen_quick_sized.png"))
+            box = page.locator(f"table.{P.SCOREBOARD_CLASS}").first.bounding_box()
+            rows = page.locator(f"table.{P.SCOREBOARD_CLASS} tbody tr")
+            assert rows.count() == 25
+            last = rows.last.bounding_box()
+            assert last["y"] + last["height"] <= 900, f"the scoreboard ends at y={last['y'] + last['height']:.0f}"
+            assert box["x"] >= 0 and box["x"] + box["width"] <= 1400, box
+        finally:
+            browser.close()

@@ -94,10 +94,10 @@ def test_scoreboard_rows_name_the_unmet_roles_they_rest_on():
                           "verdict": ["inconclusive", "1 of 2", "reproduced", "reproduced", "0 of 2", "not reproduced",
                                       "not reproduced", "reproduced", "not run"]})
     notes = dict(zip(board["label"], G.regime_notes(board, check)))
-    assert notes["1"] == f"rests on unmet roles: {G.LEARNS} (not met: kb-mc, rules-mc)"
-    assert notes["3a"] == f"rests on unmet roles: {G.HIGH_BAND} (not met: kb-mc, rules-mc)"
+    assert notes["1"] == f"rests on unmet roles: {G.SHORT[G.LEARNS]} (not met: kb-mc, rules-mc)"
+    assert notes["3a"] == f"rests on unmet roles: {G.SHORT[G.HIGH_BAND]} (not met: kb-mc, rules-mc)"
     assert notes["4"] == "" and notes["6"] == "" and notes["11"] == ""  # no role; not run
-    assert notes["5a"].startswith(f"rests on unmet roles: {G.LEARNS}") and G.LOW_SMALL not in notes["5"]
+    assert notes["5a"].startswith(f"rests on unmet roles: {G.SHORT[G.LEARNS]}") and G.SHORT[G.LOW_SMALL] not in notes["5"]
     assert notes["5b"] == ""  # the low rate forgets nothing here: 5b rests on that role only
     met = G.regime_check(table())
     assert set(G.regime_notes(board, met)) == {""}

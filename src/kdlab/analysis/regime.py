@@ -32,6 +32,7 @@ LEARNS = "learns at both rates"
 HIGH_BAND = "high-rate forgetting in a working band"
 LOW_SMALL = "low-rate forgetting small"
 ROLES = (LEARNS, HIGH_BAND, LOW_SMALL)
+SHORT = {LEARNS: "learns", HIGH_BAND: "high-rate band", LOW_SMALL: "low-rate forgetting"}  # in scoreboard notes
 MET, NOT_MET, NOT_MEASURED = "met", "not met", "not measured"
 
 LEARN_GAIN = 10.0  # points of held-out accuracy over the base, every forward-KL cell at each rate
@@ -148,7 +149,8 @@ def roles_of(label: str, finding_roles: Mapping[str, tuple[str, ...]] = FINDING_
 
 def regime_notes(board: pd.DataFrame, check: pd.DataFrame) -> pd.Series:
     """Per scoreboard row (its ``label``), the roles it rests on that are not met or not measured:
-    "rests on unmet roles: low-rate forgetting small (not met: rules-mc)"; "" when every role it
+    "rests on unmet roles: low-rate forgetting (not met: rules-mc)" (the roles' ``SHORT`` names,
+    Table 1's columns in full); "" when every role it
     rests on is met, when it rests on none, and for a finding that was not run."""
     def note(row: pd.Series) -> str:
         if row.get("verdict") == "not run":
@@ -156,7 +158,7 @@ def regime_notes(board: pd.DataFrame, check: pd.DataFrame) -> pd.Series:
         unmet = unmet_roles(check, roles_of(row["label"]))
         if not unmet:
             return ""
-        return "rests on unmet roles: " + "; ".join(f"{role} ({', '.join(v)})" for role, v in unmet.items())
+        return "rests on unmet roles: " + "; ".join(f"{SHORT[role]} ({', '.join(v)})" for role, v in unmet.items())
     if board.empty:
         return pd.Series([], dtype=str)
     return board.apply(note, axis=1).astype(str)

@@ -76,8 +76,10 @@ REGIME_COLUMN = "regime"  # the scoreboard's note of the unmet regime roles a ve
 
 
 def _regime(r: dict) -> str:
-    """A scoreboard row's regime note as shown: "⚠ " and the roles it rests on that are not met."""
+    """A scoreboard row's regime note as shown: "⚠ " and the roles it rests on that are not met,
+    each with its tasks ("⚠ learns: countdown-3"; a role not measured says so)."""
     note = _text(r, "regime").removeprefix("rests on unmet roles: ")
+    note = re.sub(r" \(not met: ([^)]*)\)", r": \1", note)  # "learns (not met: kb-mc)" -> "learns: kb-mc"
     return f"⚠ {note}" if note else ""
 
 
@@ -135,25 +137,51 @@ data it needs. A scoreboard written before parts existed (no ``part`` column) is
 
 
 SCOREBOARD_CLASS = "kdlab-scoreboard"  # the first screen's table: never folded (collapse_long_tables)
-# compact rows, claims on one line: one row per claim (about 30 in quick) still fits the first screen
-SCOREBOARD_CELL = "text-align: left; vertical-align: top; font-size: 12px; line-height: 1.25; padding: 2px 6px"
+# compact rows: one line per claim where the claim fits, so that about 30 claims (quick) fit the first screen
+SCOREBOARD_CELL = "text-align: left; vertical-align: top; font-size: 11px; line-height: 1.2; padding: 1px 4px"
+
+
+def _compact_cells(view: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The first screen's cells of ``scoreboard_view`` and their hover texts: a statistic shows
+    its value ("33.4 points", the statistic's name on hover: the claim says what it tests); a
+    compound finding's line shows its mark and count ("◐ 1 of 3 reproduced", the full verdict on
+    hover; its parts follow with theirs)."""
+    cells, hover = view.copy(), pd.DataFrame("", index=view.index, columns=view.columns)
+    for label, row in view.iterrows():
+        stat = str(row.get("statistic", ""))
+        if " = " in stat:
+            name, value = stat.rsplit(" = ", 1)
+            cells.loc[label, "statistic"] = value.replace(" points", " pts")
+            hover.loc[label, "statistic"] = stat
+        verdict = str(row.get("verdict", ""))
+        if stat.startswith("parts ") and " parts reproduced" in verdict:
+            cells.loc[label, "verdict"] = verdict.split(" (", 1)[0].replace(" parts reproduced", " reproduced")
+            cells.loc[label, "statistic"] = stat.removeprefix("parts ")
+            hover.loc[label, "verdict"] = verdict
+    return cells, hover
 
 
 def scoreboard_html(view: pd.DataFrame) -> Any:
-    """``scoreboard_view`` as the report shows it: the lines of compound findings in bold, the parts
-    under them indented; a table of class ``SCOREBOARD_CLASS``, which ``collapse_long_tables``
-    leaves open however many rows it has (it is the answer of the first screen)."""
+    """``scoreboard_view`` as the report shows it (compacted by ``_compact_cells``, the long
+    texts on hover): the lines of compound findings in bold, the parts under them indented; a
+    table of class ``SCOREBOARD_CLASS``, which ``collapse_long_tables`` leaves open however many
+    rows it has (it is the answer of the first screen)."""
     from IPython.display import HTML
+
+    cells, hover = _compact_cells(view)
 
     def style(row: pd.Series) -> list[str]:
         label = str(row.name)
-        compound = label.isdigit() and str(row.get("statistic", "")).startswith("parts ")
+        compound = label.isdigit() and str(view.loc[row.name, "statistic"]).startswith("parts ")
         return ["font-weight: bold" if compound else ""] * len(row)
 
-    styler = (view.style.apply(style, axis=1)
+    nowrap = [c for c in cells.columns if c != "claim (STUDY.md)"]
+    styler = (cells.style.apply(style, axis=1)
               .set_table_attributes(f'class="dataframe {SCOREBOARD_CLASS}"')
-              .set_table_styles([{"selector": "td, th", "props": SCOREBOARD_CELL},
-                                 {"selector": "td:nth-child(2), td:last-child", "props": "white-space: nowrap"}])
+              .set_table_styles([{"selector": "td, th", "props": SCOREBOARD_CELL}])
+              .set_properties(subset=nowrap, **{"white-space": "nowrap"})
+              .set_tooltips(hover, props="visibility: hidden; position: absolute; z-index: 1; background: #ffe; "
+                                         "border: 1px solid #999; padding: 2px 4px; font-size: 12px; white-space: nowrap")
               .hide(axis="index", names=True)  # no header row of its own for the index name
               .map_index(lambda label: "" if str(label).isdigit() else "padding-left: 1.5em", axis=0))
     return HTML(styler.to_html())
@@ -163,6 +191,7 @@ def compact_html(view: pd.DataFrame) -> Any:
     """A small table of the first screen (the regime check) in the scoreboard's compact style."""
     from IPython.display import HTML
 
+    view = view.rename_axis(index=None, columns=None)  # one header row: the row labels name themselves
     styler = (view.style.set_table_attributes('class="dataframe"')
               .set_table_styles([{"selector": "td, th", "props": SCOREBOARD_CELL}]))
     return HTML(styler.to_html())

@@ -176,3 +176,30 @@ def test_style_report_on_a_nano_model():
     assert rep["n"] == 6 and rep["plain"] + rep["alt"] + rep["none"] == 6
     assert 0 <= rep["accuracy"] <= 1 and 0 <= rep["styled_share"] <= 1
     assert set(rep_t) == set(rep)
+
+
+def test_the_style_measure_on_known_completions_feeds_finding_12():
+    """Issue 43's check of finding 12b's statistic of exactly 0: known "Spanish" (the teacher's
+    letter operators) and "English" (plain) completions, in the toy notation and in natural
+    language, give the shares the scoreboard reads; a configuration whose outputs are all plain
+    is the 0 of 12b, and its verdict is 'not reproduced' because that 0 is the measure, not a gap."""
+    import pandas as pd
+
+    from kdlab.analysis import findings
+    from kdlab.analysis.table import prepare_results
+
+    spanish, english = "34p56=90,90m12=78#(34+56)-12", "34+56=90,90-12=78#(34+56)-12"
+    assert style_adoption([spanish] * 3 + [english]) == (0.75, {"plain": 1, "alt": 3, "none": 0})
+    nl_spanish, nl_english = "48m35=13, 54p13=67. Answer: 54+48-35", "48-35=13, 54+13=67. Answer: 54+48-35"
+    assert detect_style(nl_spanish, natural=True) == "alt" and detect_style(nl_english, natural=True) == "plain"
+    outputs = {("off", "forward"): [spanish] * 198 + ["junk"] * 2, ("on", "forward"): [spanish] * 184 + [english] * 16,
+               ("off", "reverse"): [english] * 196 + ["junk"] * 4, ("on", "reverse"): [english] * 199 + [spanish]}
+    shares = {k: style_adoption(v)[0] for k, v in outputs.items()}
+    assert shares[("off", "forward")] == 1.0 and shares[("off", "reverse")] == 0.0
+    assert shares[("on", "forward")] == pytest.approx(184 / 200) and shares[("on", "reverse")] == pytest.approx(1 / 200)
+    rows = [{"task": "countdown-3", "policy": p, "kl": k, "lam": -1.0 if p == "off" else 1.0, "lr": 1e-4, "seed": 0,
+             "accuracy": 0.4, "style_share": s} for (p, k), s in shares.items()]
+    r = findings.finding_12(prepare_results(pd.DataFrame(rows)))
+    assert r.part("a").verdict == findings.REPRODUCED and r.part("a").estimate.value == pytest.approx(1 / 200)
+    assert r.part("b").estimate.value == 0.0 and r.part("b").verdict == findings.NOT_REPRODUCED
+    assert "off+reverse 0.000" in r.detail

@@ -1,8 +1,8 @@
 """How much power a scoreboard part has: its interval against the distance its verdict must clear.
 
 A part decided by an interval (``findings._part``: the claim is ``statistic > threshold`` or
-``statistic < threshold``; its rule, the scoreboard's ``test``, begins "95% interval") is decided exactly when the interval excludes the threshold. With the
-interval's half on the threshold's side,
+``statistic < threshold``; its rule, the scoreboard's ``test``, begins "95% interval") is decided
+exactly when the interval excludes the threshold. With the interval's half on the threshold's side,
 
     half  = statistic - ci_low    (threshold below the statistic)
             ci_high - statistic   (threshold above it)
@@ -47,9 +47,9 @@ def part_power(row: Mapping[str, Any]) -> dict[str, Any]:
     side), ``needed`` (|statistic - threshold|), ``factor`` (the multiple of the data an
     inconclusive part needs, ``(half / need) ** 2``; 1 for a decided part; inf on the bound) and
     ``power``, the line the report prints next to the verdict, in the statistic's unit (shares in
-points): "±1.2 < 3.4" (decided), "±4.1 ≥ 1.2, ≈12× data" (inconclusive), "±0.3, on the bound"
-(no amount of data decides it), "none seen yet" (an occasional event), "" where no power figure
-applies."""
+    points): "±1.2 < 3.4" (decided), "±4.1 ≥ 1.2, ≈12× data" (inconclusive), "±0.3, on the bound"
+    (no amount of data decides it), "none seen yet" (an occasional event), "" where no power
+    figure applies."""
     none = {"half_width": math.nan, "needed": math.nan, "factor": math.nan, "power": ""}
     stat, lo, hi, thr = (_num(row, k) for k in ("statistic", "ci_low", "ci_high", "threshold"))
     if str(row.get("verdict")) == "inconclusive" and str(row.get("method")) == "wilson" and stat == 0:

@@ -94,11 +94,11 @@ def scoreboard_view(study_dir: str | Path) -> pd.DataFrame | None:
     A finding with several parts gets its own line, which counts the parts that hold ("1 of 2
     parts reproduced (1 not reproduced)") and shows no statistic, followed by one row per part with
     that part's claim, verdict, statistic and interval. A finding with a single part, or not run,
-    is one row. Column ``regime`` (when section 70 wrote one): "⚠ <role> (not met: <tasks>)" on
-    each row whose verdict rests on a role of the regime check that is not met. Column ``power``
-(when section 70 wrote one): the part's 95% interval half-width on its bound's side against the
-distance from its estimate to the bound, and for an inconclusive part about how many times the
-data it needs. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
+    is one row. Column ``regime`` (when section 70 wrote one): "⚠ <role>: <tasks>" on each row
+    whose verdict rests on a role of the regime check that is not met. Column ``power`` (when
+    section 70 wrote one): the part's 95% interval half-width on its bound's side against the
+    distance from its estimate to the bound, and for an inconclusive part about how many times the
+    data it needs. A scoreboard written before parts existed (no ``part`` column) is shown as it is."""
     path = _stat_dir(study_dir) / "scoreboard.csv"
     if not path.exists():
         return None
@@ -150,7 +150,7 @@ def _compact_cells(view: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     for label, row in view.iterrows():
         stat = str(row.get("statistic", ""))
         if " = " in stat:
-            name, value = stat.rsplit(" = ", 1)
+            value = stat.rsplit(" = ", 1)[1]
             cells.loc[label, "statistic"] = value.replace(" points", " pts")
             hover.loc[label, "statistic"] = stat
         verdict = str(row.get("verdict", ""))

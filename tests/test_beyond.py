@@ -78,12 +78,32 @@ def test_extends_errors_name_the_key_or_file(tmp_path, files, needle):
     ("eval: {pass_ks: [0, 1]}\n", "eval.pass_ks: 0 is below the minimum 1"),
     ("eval: {pass_ks: []}\n", "eval.pass_ks: must list at least one k"),
     ("style: {kls: [sideways]}\n", "style.kls: 'sideways' is not a valid choice"),
+    ("rlvr: {enabled: true, starts: [base, off/forward/0], seeds: [0, 7]}\n",
+     "rlvr.seeds: [7] not in grid.seeds [0, 1]: the GRPO run of seed s starts from the distilled student of grid seed s"),
     ("style: {enabled: true}\ntrace: direct\n", "style.enabled"),
 ])
 def test_bad_follow_up_settings_are_rejected_by_key(tmp_path, text, needle):
     with pytest.raises(ConfigError) as err:
         load_profile(write(tmp_path, "p.yaml", text))
     assert needle in str(err.value)
+
+
+def test_each_rlvr_seed_starts_from_the_distilled_student_of_its_own_grid_seed(tmp_path):
+    """A replicate of the RLVR follow-up repeats the pipeline: GRPO seed s from grid seed s's
+    student (so the intervals of finding 11 hold the distillation's seed-to-seed variation);
+    the base start has no distilled run, and any seed is allowed when only the base starts."""
+    p = load_profile(write(tmp_path, "p.yaml", "rlvr: {enabled: true, starts: [base, off/forward/0, on/reverse/1], "
+                                               "seeds: [0, 1]}\n"))
+    lo, hi = p.grid.lrs
+    got = {(s.spec, s.seed): s.run_id for s in rlvr_starts(p)}
+    assert got == {("base", 0): None, ("base", 1): None,
+                   ("off/forward/0", 0): f"countdown-3_off_forward_lr{lo:g}_s0",
+                   ("off/forward/0", 1): f"countdown-3_off_forward_lr{lo:g}_s1",
+                   ("on/reverse/1", 0): f"countdown-3_on_reverse_lr{hi:g}_s0",
+                   ("on/reverse/1", 1): f"countdown-3_on_reverse_lr{hi:g}_s1"}
+    assert students_to_save(p) <= {c.run_id for c in expand_grid(p)}
+    only_base = load_profile(write(tmp_path, "b.yaml", "rlvr: {enabled: true, starts: [base], seeds: [7]}\n"))
+    assert [s.seed for s in rlvr_starts(only_base)] == [7]
 
 
 def test_companion_runs_the_main_grid_under_its_overrides():

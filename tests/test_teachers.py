@@ -35,6 +35,31 @@ def test_cache_hit_reuses_the_checkpoint(tmp_path):
     assert checkpoint_meta(a)["dtype"] == "bfloat16"  # stored as trained-then-cast bf16
 
 
+def test_pretraining_arithmetic_reaches_the_training_and_the_key_only_when_not_the_default(tmp_path, monkeypatch):
+    """``arithmetic: fp32`` trains without bf16 autocast (what makes builds 10x faster on an avx2-only
+    CPU) and names its own model; the default 'bf16' leaves the key of every shipped model as it was."""
+    from dataclasses import replace
+
+    import kdlab.study.teachers as teachers
+    from kdlab.models.store import model_key
+
+    seen = []
+    real_sft = teachers.sft
+    monkeypatch.setattr(teachers, "sft", lambda model, mix, sched, **k: seen.append(sched.autocast_bf16)
+                        or real_sft(model, mix, sched, **k))
+    fp32 = replace(PRE, arithmetic="fp32")
+    store = ModelStore(tmp_path, shipped_dir=None)
+    a = store.get_or_train("student", model_key("student", SPEC, PRE, mixture(), "steps"), SPEC, PRE, mixture(),
+                           progress=False)
+    b = store.get_or_train("student", model_key("student", SPEC, fp32, mixture(), "steps"), SPEC, fp32, mixture(),
+                           progress=False)
+    assert seen == [True, False] and a != b
+    assert "arithmetic" not in model_key("student", SPEC, PRE, mixture(), "steps")["pretrain"]
+    assert model_key("student", SPEC, fp32, mixture(), "steps")["pretrain"]["arithmetic"] == "fp32"
+    wa, wb = weights(a), weights(b)
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)  # the arithmetic changes the weights
+
+
 def test_resumed_training_equals_uninterrupted(tmp_path, monkeypatch):
     full = ModelStore(tmp_path / "full", shipped_dir=None).get_or_train(
         "student", {"k": 1}, SPEC, PRE, mixture(), progress=False, checkpoint_every=3)

@@ -18,6 +18,8 @@ SAMPLED_KINDS = ESTIMATORS + (SCORE_FUNCTION,)  # the kinds that use ``sample_di
 LOSS_KINDS = ("forward", "reverse", "jsd", "k1", "k2", "k3", SCORE_FUNCTION)
 # Parameter dtypes: bf16 keeps no fp32 master copy (as in the paper); fp32 for comparison.
 DTYPES = ("bf16", "fp32")
+# a toy model's pretraining arithmetic: bf16 autocast over fp32 weights (the first, the default), or fp32
+PRETRAIN_ARITHMETIC = ("bf16", "fp32")
 # Real models kdlab imports from a package of the registry (kdlab.study.recipes), by name.
 IMPORTABLE = ("smollm2",)
 # A task teacher kdlab builds by supervised fine-tuning of the student's base (kdlab.study.recipes).

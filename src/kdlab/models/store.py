@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.atomic import write_atomic, write_dir_atomic
+from ..core.schema import PRETRAIN_ARITHMETIC
 from .toy import SHIPPED_DIR, checkpoint_meta, copy_checkpoint, verify_weights
 
 REGIME_VERSION = 1  # bump when task formats or training code change the weights
@@ -38,6 +39,8 @@ def model_key(role: str, spec: Any, pre: Any, mix, trace: str) -> dict[str, Any]
     schedule = asdict(pre)
     schedule.pop("task_steps")  # resolved into ``steps`` by ``teacher_schedule``
     schedule.pop("extra_tasks")  # recorded by the mixture
+    if schedule.get("arithmetic") == PRETRAIN_ARITHMETIC[0]:
+        schedule.pop("arithmetic")  # the default: keys of models built before the field existed stay as they were
     return {"role": role, "model": asdict(spec), "pretrain": schedule, "mixture": _describe(mix),
             "trace": trace, "regime_version": REGIME_VERSION}
 

@@ -17,7 +17,8 @@ import yaml
 
 from ..core.fields import (BOUNDS, LEARNING_RATE, ConfigError, check_bound as _check_bound, check_range as _check_range,
                            check_value, setting as _f)
-from ..core.schema import LOSS_KINDS, DFS_VARIANTS, DTYPES, FAMILIES, IMPORTABLE, PRESETS, TARGET_TASKS
+from ..core.schema import (LOSS_KINDS, DFS_VARIANTS, DTYPES, FAMILIES, IMPORTABLE, PRESETS, PRETRAIN_ARITHMETIC,
+                           TARGET_TASKS)
 from ..engine.run_config import LAMBDA, DistillSettings, GRPOSettings, RunConfig
 
 
@@ -73,6 +74,10 @@ class PretrainSpec:
     extra_tasks: dict[str, float] = _f(factory=dict, doc="student_pretrain only: {task: mixture weight} of tasks "
                                        "outside the grid (e.g. the harder variant countdown-4) whose train-split traces "
                                        "the student base also learns, so that a later stage on them (RLVR) has a signal")
+    arithmetic: str = _f(PRETRAIN_ARITHMETIC[0], choices=PRETRAIN_ARITHMETIC,
+                         doc="the training's matmuls: 'bf16' (bf16 autocast over fp32 weights, how the shipped quick "
+                             "models were built) or 'fp32' (10x faster on a CPU without native bf16: avx2 only, "
+                             "docs/calibration.md 28); part of the model's key when not 'bf16'")
 
 
 DistillSpec = DistillSettings  # the profile's distill section: its fields, defaults and rules live in the engine
@@ -326,8 +331,11 @@ def validate_profile(p: Profile) -> Profile:
     if not p.eval.pass_ks:
         raise ConfigError("eval.pass_ks: must list at least one k")
     if p.rlvr.enabled:
-        for start in p.rlvr.starts:
-            parse_start(p, start)
+        distilled = [start for start in p.rlvr.starts if parse_start(p, start) is not None]
+        unpaired = [s for s in p.rlvr.seeds if s not in p.grid.seeds]
+        if distilled and unpaired:
+            raise ConfigError(f"rlvr.seeds: {unpaired} not in grid.seeds {p.grid.seeds}: the GRPO run of seed s starts "
+                              f"from the distilled student of grid seed s (starts {distilled})")
     if p.style.enabled and p.trace not in ("steps", "search"):
         raise ConfigError(f"style.enabled: needs countdown traces in style 'steps' or 'search', got trace {p.trace!r}")
     if p.trace == "dfs":

@@ -3,7 +3,8 @@
 - **RLVR** (``rlvr.enabled``): one GRPO run per ``rlvr.starts`` entry x ``rlvr.seeds``, into
   ``<study>/rlvr/<start_id>_s<seed>/``. A start is ``"base"`` (the student base) or
   ``policy/kl/lr-index`` (``"off/forward/1"``), the distilled student of that grid run on the
-  first grid task and the first grid seed; the runner saves those students
+  first grid task and the GRPO run's own seed (a replicate repeats the whole pipeline, so seed-to-seed
+  variation of the distillation reaches the RLVR intervals); the runner saves those students
   (``runs/<run_id>/student/``) and starts GRPO only after the grid.
 - **Style** (``style.enabled``): distillation runs from the style teacher (instructed prompt for
   the teacher only) for ``style.policies`` x ``style.kls`` x ``style.lrs`` (default: the grid's
@@ -55,7 +56,7 @@ def rlvr_start(profile: Profile, spec: str, seed: int) -> RLVRStart:
     if parsed is None:
         return RLVRStart(spec, seed, None)
     policy, kl, lr = parsed
-    cfg = run_config(profile, task=profile.grid.tasks[0], policy=policy, kl=kl, lr=lr, seed=profile.grid.seeds[0])
+    cfg = run_config(profile, task=profile.grid.tasks[0], policy=policy, kl=kl, lr=lr, seed=seed)
     return RLVRStart(spec, seed, cfg.run_id, policy, kl, lr)
 
 

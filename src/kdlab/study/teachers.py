@@ -122,7 +122,8 @@ class ModelStore:
         """Train the model into ``final``, resuming from its ``.partial`` checkpoint."""
         partial = final.with_name(final.name + ".partial")
         model = build_model(spec.family, spec.size, seed=spec.seed)
-        sched = SFTSchedule(steps=pre.steps, batch_size=pre.batch_size, lr=pre.lr, warmup=pre.warmup, seed=pre.seed)
+        sched = SFTSchedule(steps=pre.steps, batch_size=pre.batch_size, lr=pre.lr, warmup=pre.warmup, seed=pre.seed,
+                            autocast_bf16=pre.arithmetic == "bf16")
         opt = sft_trainer(model, sched).optimizer  # resumable: its state is saved with the partial model
         start = 0
         if (partial / "state.pt").exists():

@@ -297,3 +297,38 @@ def test_history_records_each_kl_at_the_answer_and_contested_positions(setup):
             assert 0.0 < h[f"{where}_p_student"] < 1.0 and 0.0 < h[f"{where}_p_teacher"] <= 1.0
             assert h[f"{where}_grad_reverse"] > 0 and h[f"{where}_grad_forward"] > 0
             assert abs(h[f"{where}_grad_reverse_at_a"]) <= h[f"{where}_grad_reverse"] + 1e-9
+
+
+@pytest.mark.parametrize("policy", ["off", "on"])
+@pytest.mark.parametrize("kl", ["forward", "reverse"])
+def test_teacher_hidden_states_train_as_the_teachers_logits(setup, policy, kl):
+    """``teacher_hidden``: the teacher's last hidden states and head (kdlab.core.head_kl) in place
+    of its logits, in the OffPD cache (d values a token, not V) and in the KL, train the student
+    as the logits do: the same losses, both KLs and diagnosis in the history, and the same
+    weights, up to float rounding (fp32 arithmetic on the CPU; the teacher's head applied to
+    its hidden states chunk by chunk instead of inside its forward)."""
+    from kdlab.engine.offpd import offpd_teacher_logits
+
+    task, pool, teacher, offpd = setup
+    runs = {}
+    for hidden in (False, True):
+        cfg = cell(steps=3, batch_size=4, policy=policy, kl=kl, lr=1e-3, dtype="fp32", teacher_hidden=hidden,
+                   kl_chunk_size=5 if hidden else 0)
+        student = build_model("llama", "nano", seed=0)
+        runs[hidden] = student, distill(student, teacher, task, cfg, offpd=offpd, pool=pool, progress=False)
+    (s0, r0), (s1, r1) = runs[False], runs[True]
+    for key in ("loss", "forward_kl", "reverse_kl", "grad_norm", "contested_share", "contested_p_teacher"):
+        assert [h[key] for h in r1.history] == pytest.approx([h[key] for h in r0.history], rel=1e-4, abs=1e-6, nan_ok=True), key
+    for a, b in zip(s0.parameters(), s1.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    if policy == "off":
+        assert all("teacher_cached" in h for h in r1.history)  # the pool's teacher side served by the (hidden) cache
+        store = offpd_teacher_logits(teacher, offpd, hidden=True)  # (pool, longest, d): the shared store
+        assert store.shape == (len(offpd[1]), max(len(r) for r in offpd[1]), teacher.config.hidden_size)
+
+
+def test_teacher_hidden_states_need_a_full_vocabulary_kl():
+    from kdlab.core.fields import ConfigError
+
+    with pytest.raises(ConfigError, match="teacher_hidden: .* kl 'jsd' needs the teacher's logits"):
+        cell(kl="jsd", teacher_hidden=True)

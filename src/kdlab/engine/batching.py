@@ -80,3 +80,27 @@ def response_logits(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: t
     out = model(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=False, **keep)
     logits = out.logits[:, -R:]  # (B, R, V): positions P-1 .. P+R-2
     return logits if vocab_size is None or vocab_size >= logits.shape[-1] else logits[..., :vocab_size]
+
+
+def output_head(model: torch.nn.Module, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The causal LM's output projection: (V, d) weight and (V,) bias or None, V cut to
+    ``vocab_size`` when given, as ``response_logits`` cuts the logits."""
+    head = model.get_output_embeddings()
+    weight, bias = head.weight, getattr(head, "bias", None)
+    if vocab_size is not None and vocab_size < weight.shape[0]:
+        weight, bias = weight[:vocab_size], None if bias is None else bias[:vocab_size]
+    return weight, bias
+
+
+def response_hidden(model: torch.nn.Module, prompt: torch.Tensor, prompt_mask: torch.Tensor,
+                    response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """The last hidden states (after the final norm) that predict each response token: (B, R, d),
+    aligned as ``response_logits`` (whose logits are ``output_head``'s projection of these), without
+    running the LM head: what ``kdlab.core.head_kl`` needs of a teacher."""
+    device = next(model.parameters()).device
+    prompt, prompt_mask = prompt.to(device), prompt_mask.to(device)
+    response, response_mask = response.to(device), response_mask.to(device)
+    ids = torch.cat([prompt, response[:, :-1]], dim=1)  # (B, P+R-1), as response_logits
+    mask = torch.cat([prompt_mask, torch.ones_like(response_mask[:, :-1])], dim=1)
+    out = model.get_decoder()(input_ids=ids, attention_mask=mask.long(), position_ids=positions(mask), use_cache=False)
+    return out.last_hidden_state[:, -response.shape[1]:]  # (B, R, d)

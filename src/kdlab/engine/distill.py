@@ -25,9 +25,10 @@ from typing import Any, Callable
 import torch
 from tqdm.auto import tqdm
 
-from .batching import pad_left, pad_right, response_logits
+from .batching import output_head, pad_left, pad_right, response_hidden, response_logits
 from ..models.codec import CHAR
 from ..core.schema import SCORE_FUNCTION
+from ..core.head_kl import token_kl_from_hidden
 from ..core.kl import draw_tokens, kl_loss, token_kls
 from ..core.answer import STATS, answer_positions, contested, position_stats
 from .rollout import sample
@@ -40,9 +41,26 @@ from .ranks import _sum_over_ranks, _world
 from .run_config import RunConfig, RunResult
 
 
+def _hidden_kls(s_logits: torch.Tensor, t_hidden: torch.Tensor, head: tuple, mask: torch.Tensor, cfg: RunConfig,
+                tau_t: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loss (token mean of ``cfg.kl``, differentiable in ``s_logits``, already divided by the
+    student's temperature) and the per-token (forward, reverse) KLs, from the teacher's (b, R, d)
+    hidden states and its head (``kdlab.core.head_kl``): no (b, R, V) teacher logits."""
+    weight, bias = head
+    t_hidden = t_hidden.to(weight.device)
+    kw = dict(mask=mask, teacher_bias=bias, teacher_temperature=tau_t, chunk_size=cfg.kl_chunk_size or 256)
+    per_token = token_kl_from_hidden(s_logits, t_hidden, weight, cfg.kl, **kw)  # (b, R)
+    loss = per_token.sum() / mask.sum().clamp(min=1).to(per_token.dtype)
+    with torch.no_grad():
+        other = token_kl_from_hidden(s_logits.detach(), t_hidden, weight,
+                                     "reverse" if cfg.kl == "forward" else "forward", **kw)
+    per_token = per_token.detach()
+    return (loss, per_token, other) if cfg.kl == "forward" else (loss, other, per_token)
+
+
 def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of: Callable, cfg: RunConfig,
           codec, n_total: float, sf_gen: Callable[[torch.device], torch.Generator] | None = None,
-          mark_id: int | None = None) -> torch.Tensor:
+          mark_id: int | None = None, head: tuple | None = None) -> torch.Tensor:
     """Forward + backward of one batch slice in micro-batches; returns the summed (loss, forward
     KL, reverse KL) over its tokens, then the sums of ``kdlab.core.answer.STATS`` at the answer
     position (the token after ``mark_id``) and at the contested positions (zeros when ``mark_id``
@@ -52,8 +70,11 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
     gradient, averaged over ranks, is that of the global token mean. The loss compares
     ``softmax(z_S / tau_S)`` with ``softmax(z_T / tau_T)`` (``cfg.loss_temperatures()``); for
     kl "sf" one extra token per position is drawn (``sf_gen``: the generator on a device) from
-    the teacher (forward) or the student (reverse). A non-finite loss is backpropagated like
-    any other; the caller reads it before the optimiser step and stops the run."""
+    the teacher (forward) or the student (reverse). With ``cfg.teacher_hidden``, ``t_logits_of``
+    gives the teacher's (b, R, d) hidden states and ``head`` its (weight, bias): the KLs come from
+    ``kdlab.core.head_kl`` (the teacher's logits are made only for the diagnosis, on vocabularies
+    of at most DIAGNOSIS_MAX_VOCAB). A non-finite loss is backpropagated like any other; the
+    caller reads it before the optimiser step and stops the run."""
     rows = batch["r"].shape[0]
     mb = cfg.micro_batch_size or rows
     _, world = _world()
@@ -62,25 +83,34 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
     for i in range(0, rows, mb):
         j = min(rows, i + mb)
         r, rm = batch["r"][i:j], batch["rm"][i:j]
-        t_logits = t_logits_of(i, j)  # (b, R, V)
+        t_out = t_logits_of(i, j)  # (b, R, V) logits, or (b, R, d) hidden states with cfg.teacher_hidden
         s_logits = response_logits(student, batch["sp"][i:j], batch["spm"][i:j], r, rm, codec.vocab_size)  # (b, R, V)
         rm_d, r_d = rm.to(s_logits.device), r.to(s_logits.device)
-        t_logits = t_logits.to(s_logits.device)
         if tau_s != 1.0:
             s_logits = s_logits / tau_s
-        if tau_t != 1.0:
-            t_logits = t_logits / tau_t
-        samples = None
-        if cfg.kl == SCORE_FUNCTION:
-            source = t_logits if cfg.sampled_direction == "forward" else s_logits
-            samples = draw_tokens(source, generator=sf_gen(s_logits.device) if sf_gen else None)
-        loss = kl_loss(s_logits, t_logits, cfg.kl, rm_d, temperature=1.0, beta=cfg.jsd_beta, tokens=r_d,
-                       sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None, samples=samples)
+        if cfg.teacher_hidden:
+            loss, fkl, rkl = _hidden_kls(s_logits, t_out, head, rm_d, cfg, tau_t)
+            t_logits = None
+            if mark_id is not None:  # a small vocabulary: the diagnosis reads the teacher's logits
+                with torch.no_grad():
+                    z_t = t_out.to(head[0].device) @ head[0].T + (0 if head[1] is None else head[1])
+                    t_logits = (z_t / tau_t).to(s_logits.device)
+        else:
+            t_logits = t_out.to(s_logits.device)
+            if tau_t != 1.0:
+                t_logits = t_logits / tau_t
+            samples = None
+            if cfg.kl == SCORE_FUNCTION:
+                source = t_logits if cfg.sampled_direction == "forward" else s_logits
+                samples = draw_tokens(source, generator=sf_gen(s_logits.device) if sf_gen else None)
+            loss = kl_loss(s_logits, t_logits, cfg.kl, rm_d, temperature=1.0, beta=cfg.jsd_beta, tokens=r_d,
+                           sample_direction=cfg.sampled_direction, chunk_size=cfg.kl_chunk_size or None, samples=samples)
         n_m = float(rm.sum())  # rm is on the host
         weight = world * n_m / n_total
         Trainer.backward(loss, weight)
         with torch.no_grad():
-            fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
+            if not cfg.teacher_hidden:
+                fkl, rkl = token_kls(s_logits.detach(), t_logits, rm_d)
             if mark_id is not None:
                 z_s = s_logits.detach()
                 where = (answer_positions(r_d, rm_d, mark_id), contested(z_s, t_logits, rm_d))
@@ -89,7 +119,7 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
                 diag = torch.zeros(2 * len(STATS), dtype=torch.float64, device=s_logits.device)
             part = torch.cat([torch.stack([loss.detach().double() * n_m, fkl.sum().double(), rkl.sum().double()]), diag])
             sums = part if sums is None else sums + part
-        del s_logits, t_logits
+        del s_logits, t_logits, t_out
     return sums
 
 
@@ -121,8 +151,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
     the teacher's prompt text (default: the student's); ``teacher_system`` is a system turn only
     the teacher sees. ``codec`` renders prompts (default: kdlab's char tokenizer). Rollouts are
     at most ``max_new_tokens`` (default: the task's). ``offpd_teacher_logits``: the OffPD pool's
-    teacher logits, every row (``offpd_teacher_logits``, shared by the runs on one pool); without
-    them a run computes the rows it draws, once each. Returns the per-step history; never
+    teacher logits, every row (``offpd_teacher_logits``, shared by the runs on one pool; with
+    ``cfg.teacher_hidden`` its hidden states); without them a run computes the rows it draws, once each. Returns the per-step history; never
     raises on divergence: a non-finite loss or parameter stops the run and marks it collapsed.
     """
     t_start = time.perf_counter()
@@ -166,10 +196,12 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
         if str(dev) not in sf_gens:
             sf_gens[str(dev)] = torch.Generator(device=dev).manual_seed(cfg.seed * 1_000_003 + 7919 + rank)
         return sf_gens[str(dev)]
+    head = output_head(teacher, codec.vocab_size) if cfg.teacher_hidden else None  # (V, d) weight, bias
     cache = None
-    if cfg.policy == "off" and (offpd_teacher_logits is not None or _OffPDTeacherLogits.fits(teacher, offpd[1])):
+    if cfg.policy == "off" and (offpd_teacher_logits is not None
+                                or _OffPDTeacherLogits.fits(teacher, offpd[1], cfg.teacher_hidden)):
         cache = _OffPDTeacherLogits(teacher, offpd[0], offpd[1],
-                                    [codec.prompt(tp(p), teacher_system) for p in offpd[0]], codec)
+                                    [codec.prompt(tp(p), teacher_system) for p in offpd[0]], codec, cfg.teacher_hidden)
         if offpd_teacher_logits is not None:  # the whole pool's, computed once for every run on it
             cache.preload(offpd_teacher_logits)
     history: list[dict[str, Any]] = []
@@ -201,7 +233,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             t1 = time.perf_counter()
             sp, spm = pad_left(s_prompts, codec.pad_id)
             if cache is not None:
-                cached, hits = cache.batch(idx, r.shape[1])  # (B, R, V)
+                cached, hits = cache.batch(idx, r.shape[1])  # (B, R, V), or (B, R, d) hidden states
                 extra["teacher_cached"] = hits / len(idx)
                 t_logits_of = lambda i, j: cached[i:j]  # noqa: E731
             else:
@@ -209,6 +241,8 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
 
                 def t_logits_of(i: int, j: int) -> torch.Tensor:
                     with torch.no_grad():
+                        if cfg.teacher_hidden:
+                            return response_hidden(teacher, tpids[i:j], tpm[i:j], r[i:j], rm[i:j])  # (b, R, d)
                         return response_logits(teacher, tpids[i:j], tpm[i:j], r[i:j], rm[i:j], codec.vocab_size)
             trainer.set_lr(step)
             trainer.zero_grad()
@@ -217,7 +251,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
             (n_total,) = _sum_over_ranks([float(rm.sum())], device)
             n_total = max(n_total, 1.0)
             sums = _step(work, {"r": r, "rm": rm, "sp": sp, "spm": spm}, t_logits_of, cfg, codec, n_total, sf_gen,
-                         mark_id)
+                         mark_id, head)
             arith.push()
             gnorm = trainer.clip()
             # the step's one read of the loss: sums and gradient norm together (clipping a

@@ -18,6 +18,7 @@ from ..core.schema import DTYPES, LOSS_KINDS
 
 POLICIES = ("off", "on", "lambda")  # a run's rollout policy: "lambda" takes lam as given
 LAMBDA = dict(lo=-3.0, hi=3.0)  # the rule of a lambda-spectrum point
+HIDDEN_KLS = ("forward", "reverse")  # the kinds kdlab.core.head_kl computes from the teacher's hidden states
 NORMALISATIONS = ("sequence", "token")  # GRPO's loss normalisation (kdlab.engine.rlvr.grpo_loss)
 
 
@@ -73,6 +74,10 @@ class RunConfig(DistillSettings):
     micro_batch_size: int = setting(0, lo=0, bound="batch", doc="rows per forward/backward (gradient accumulation); "
                                     "0 = the whole batch")
     kl_chunk_size: int = setting(0, lo=0, doc="full-vocabulary KL over this many positions at a time (memory); 0 = at once")
+    teacher_hidden: bool = setting(False, doc="keep and move the teacher's last hidden states (B, T, d) instead of its "
+                                   "logits (B, T, V), and compute the full-vocabulary KL from them and the teacher's head "
+                                   "chunk by chunk (kdlab.core.head_kl; the OffPD cache holds hidden states); forward / "
+                                   "reverse KL only; values equal to the logits' up to float rounding")
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -84,6 +89,9 @@ class RunConfig(DistillSettings):
             self.lam = lam
         elif self.lam is None:
             raise ConfigError("lam: policy 'lambda' needs lam, a point of the spectrum in [-3, 3]")
+        if self.teacher_hidden and self.kl not in HIDDEN_KLS:
+            raise ConfigError(f"teacher_hidden: the KL from the teacher's hidden states is the full-vocabulary "
+                              f"{' / '.join(HIDDEN_KLS)} KL; kl {self.kl!r} needs the teacher's logits")
 
     def sample_temperatures(self) -> tuple[float, float]:
         """(student, teacher) temperatures of rollout sampling: each model's own, else ``temperature``."""

@@ -36,7 +36,7 @@ def run_config(profile: Profile, *, task: str, policy: str, kl: str, lr: float, 
     lr = profile.grid.rate(task, lr) if task_rate else lr
     return RunConfig(**asdict(profile.distill), task=task, policy=policy, lam=lam, kl=kl, lr=lr, seed=seed,
                      data_seed=profile.data_seed, micro_batch_size=profile.pretrained.micro_batch_size,
-                     kl_chunk_size=profile.pretrained.kl_chunk_size)
+                     kl_chunk_size=profile.pretrained.kl_chunk_size, teacher_hidden=profile.pretrained.teacher_hidden)
 
 
 @dataclass

@@ -94,7 +94,8 @@ def base_evaluation(profile: Profile, student_dir: Path, task_name: str, cache_r
     """The student base's evaluation, computed once per (base, task, eval settings) and cached."""
     # what of a real profile's models and forgetting set the scores depend on (not its training
     # memory settings, nor where runs are scheduled)
-    training_only = ("micro_batch_size", "kl_chunk_size", "gradient_checkpointing", "ray_address", "gpus_per_run")
+    training_only = ("micro_batch_size", "kl_chunk_size", "teacher_hidden", "gradient_checkpointing", "ray_address",
+                     "gpus_per_run")
     forgetting = ({k: v for k, v in asdict(profile.pretrained).items() if k not in training_only}
                   if materials.is_real(profile) else None)
     path = cache_root / "base_eval" / (f"{task_name}-" + _key(materials.model_id(student_dir), task_name,
@@ -135,21 +136,23 @@ def offpd_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teac
 def offpd_logits_cache(profile: Profile, cfg: RunConfig, teacher: torch.nn.Module, teacher_dir: Path,
                        offpd: tuple[list[Problem], list[list[int]]], cache_root: Path,
                        teacher_prompt: Callable[[Problem], str] | None = None, codec=CHAR) -> torch.Tensor | None:
-    """The teacher's logits of the whole OffPD pool (``kdlab.engine.offpd.offpd_teacher_logits``), computed
+    """The teacher's logits (with ``teacher_hidden``, its last hidden states) of the whole OffPD pool
+    (``kdlab.engine.offpd.offpd_teacher_logits``), computed
     once per pool and teacher arithmetic and read by every OffPD run on that pool: in the quick
     grid, the 4 KL x rate runs of each seed and all seeds share one pool per task, so 12 runs
     read what one computes. None where the store is too large to keep (runs then compute the
     rows they draw)."""
     dtype = DTYPE_NAMES[next(teacher.parameters()).dtype]
     teacher_temperature = cfg.sample_temperatures()[1]
+    kind = "hidden" if cfg.teacher_hidden else "logits"  # what the store holds per response token
     parts = (materials.model_id(teacher_dir), cfg.task, cfg.data_seed, cfg.offpd_pool, teacher_temperature, profile.trace,
-             TRAIN_POOL, dtype, "logits", "instructed" if teacher_prompt is not None else "plain",
+             TRAIN_POOL, dtype, kind, "instructed" if teacher_prompt is not None else "plain",
              materials.teacher_system(profile) or "")
-    path = cache_root / "offpd" / f"{cfg.task}-logits-{_key(*parts)}.pt"
+    path = cache_root / "offpd" / f"{cfg.task}-{kind}-{_key(*parts)}.pt"
     if path.exists():
         return torch.load(path, weights_only=True)
     store = offpd_teacher_logits(teacher, offpd, teacher_prompt=teacher_prompt, codec=codec,
-                                 teacher_system=materials.teacher_system(profile))
+                                 teacher_system=materials.teacher_system(profile), hidden=cfg.teacher_hidden)
     if store is not None:
         write_atomic(path, lambda tmp: torch.save(store.cpu(), tmp))
     return store
@@ -251,7 +254,7 @@ def execute_run(contract: RunContract, progress: bool = True, train_missing: boo
         "batch_size": cfg.batch_size, "temperature": cfg.temperature, **training_details(cfg, result.optimizer),
         "experiment": "style" if style else "grid",
         **materials.describe(profile, {**paths, cfg.task: teacher_dir}, cfg.task),
-        "micro_batch_size": cfg.micro_batch_size, "kl_chunk_size": cfg.kl_chunk_size,
+        "micro_batch_size": cfg.micro_batch_size, "kl_chunk_size": cfg.kl_chunk_size, "teacher_hidden": cfg.teacher_hidden,
         **after,
         **{f"base_{k}": v for k, v in base.items()}, **base_style,
         "forgetting": after["probe_mean"] - base["probe_mean"],

@@ -168,6 +168,53 @@ def test_static_decode_mode_matches_the_sliced_one_and_transformers(family, head
             assert torch.allclose(static.last, ref.last, atol=1e-4), (static.last - ref.last).abs().max()
 
 
+@pytest.mark.parametrize("family,heads,kv", [("llama", 4, 2), ("qwen2", 4, 1)])
+def test_sdpa_attention_in_the_model_dtype_matches_the_float32_one(family, heads, kv):
+    """The CUDA decoder's attention (``sdpa``: cache in the model dtype, scaled_dot_product_attention)
+    computes the CPU's float32 baddbmm attention: equal to 1e-5 in fp32, both decode modes, with
+    left-padded prompts (queries with no key to attend in the prompt pass stay finite)."""
+    model = build_model(family, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                                     num_key_value_heads=kv, intermediate_size=96), seed=3).eval()
+    prompts = [prompt_ids("c12 34 56>78:"), prompt_ids("a1+2:"), prompt_ids("vhouse:")]
+    rng = random.Random(1)
+    feed = [torch.tensor([rng.randrange(3, 98) for _ in prompts]) for _ in range(5)]
+    with torch.no_grad():
+        for static in (True, False):
+            fused = rollout._StaticStepper(model, prompts, len(feed), static=static, graph=False, sdpa=True)
+            plain = rollout._StaticStepper(model, prompts, len(feed), static=static, graph=False, sdpa=False)
+            assert fused.keys[0].dtype == torch.float32 and plain.keys[0].dtype == torch.float32
+            for tok in [None] + feed:
+                if tok is not None:
+                    fused.feed(tok)
+                    plain.feed(tok)
+                assert torch.isfinite(fused.last).all()
+                torch.testing.assert_close(fused.last, plain.last, atol=1e-5, rtol=1e-5)
+
+
+def test_the_gpu_decoder_keeps_a_model_dtype_cache_and_follows_transformers_decoding():
+    """On CUDA (the stand-in) the static decoder of a bf16 model keeps its key/value cache in bf16
+    and attends with SDPA; step by step its logits follow transformers' own KV-cached bf16
+    decoding on the same device to bf16 precision, and its greedy tokens are transformers'."""
+    def bf16_model():
+        return build_model("llama", dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                         num_key_value_heads=2, intermediate_size=96), seed=5).to(torch.bfloat16).eval()
+    prompts = [prompt_ids("c12 34 56>78:"), prompt_ids("a1+2:"), prompt_ids("vhouse:")]
+    model = to_stand_in(bf16_model())
+    with cuda_stand_in(), torch.no_grad():
+        fast = rollout._StaticStepper(model, prompts, 8)
+        ref = rollout._Stepper(model, prompts)
+        assert (fast.static, fast.sdpa, fast.graph) == (True, True, None)
+        assert fast.keys[0].dtype == torch.bfloat16 and fast.keys[0].device.type == "cuda"
+        for _ in range(8):
+            torch.testing.assert_close(fast.last.cpu(), ref.last.cpu(), atol=0.1, rtol=0.05)
+            tok = ref.last.argmax(-1)
+            assert torch.equal(fast.last.argmax(-1).cpu(), tok.cpu())
+            fast.feed(tok)
+            ref.feed(tok)
+    with torch.no_grad():  # the CPU keeps its float32 attention
+        assert rollout._StaticStepper(bf16_model(), prompts, 8).keys[0].dtype == torch.float32
+
+
 def test_the_stop_check_every_few_steps_gives_the_same_rollout(monkeypatch):
     """Checking "every row has stopped" every STOP_CHECK steps (a GPU's setting) and cutting the
     columns decoded after, gives the rollout of checking every step."""

@@ -153,10 +153,13 @@ class _StaticStepper:
     MLP's gate/up as another), the prompt pass computes the head only at the last position, and
     each step is one short loop over the layers with no per-call mask or cache objects. The
     arithmetic is transformers' (RMSNorm in float32, rotary embedding, softmax in float32 over
-    scaled scores with masked keys at a large negative value) except that the cached
-    keys/values are kept, and the two attention matmuls run, in float32: the cached values are
-    exact copies of the model-dtype ones and the result only skips two intermediate roundings
-    to the model dtype (small batched bf16 matmuls are several times slower on CPU).
+    scaled scores with masked keys at a large negative value). Attention, by ``sdpa``: on a CPU
+    (False) the cached keys/values are kept, and the two attention matmuls run, in float32: the
+    cached values are exact copies of the model-dtype ones and the result only skips two
+    intermediate roundings to the model dtype (small batched bf16 matmuls are several times
+    slower on CPU); on CUDA (True) the cache is in the model dtype (half the memory and traffic
+    of float32 at bf16) and attention is ``scaled_dot_product_attention`` (the fused kernels),
+    as transformers' own SDPA attention computes it.
 
     Two decode modes. ``static=False`` (the CPU's): step t attends to the first P + t columns
     (a Python slice; shapes change every step). ``static=True`` (CUDA's): every step has the
@@ -168,7 +171,8 @@ class _StaticStepper:
     """
 
     def __init__(self, model: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, pad_id: int = PAD_ID,
-                 vocab_size: int | None = None, static: bool | None = None, graph: bool | None = None):
+                 vocab_size: int | None = None, static: bool | None = None, graph: bool | None = None,
+                 sdpa: bool | None = None):
         inner = model.model
         self.vocab_size = vocab_size
         self.embed, self.rope, self.head = inner.embed_tokens, inner.rotary_emb, model.lm_head
@@ -185,23 +189,27 @@ class _StaticStepper:
         ids, mask = ids.to(device), mask.to(device)
         B, P = ids.shape
         self.dtype = self.embed.weight.dtype
+        self.sdpa = on_cuda if sdpa is None else sdpa
+        att = self.dtype if self.sdpa else torch.float32  # the cache's and the attention's dtype
         width = P + max_new_tokens
         rows = B * self.kv_heads  # one attention row per (sequence, key/value head)
-        self.keys = [torch.zeros(rows, width, self.dim, device=device) for _ in self.layers]
+        self.keys = [torch.zeros(rows, width, self.dim, device=device, dtype=att) for _ in self.layers]
         self.values = [torch.zeros_like(k) for k in self.keys]
-        neg = torch.finfo(torch.float32).min
+        # masked keys at the dtype's most negative finite value: a query with no key (left padding
+        # in the prompt pass) gets uniform weights, never NaN (-inf would make 0 x NaN downstream)
+        neg = torch.finfo(att).min
         self.neg = neg
         # additive key mask per attention row (B * KV, 1, width): prompt padding is never attended;
         # in static mode the columns not yet written are masked too, and unmasked as they are
         unwritten = torch.ones if self.static else torch.zeros
-        self.key_bias = torch.zeros(B, width, device=device).masked_fill_(
+        self.key_bias = torch.zeros(B, width, device=device, dtype=att).masked_fill_(
             torch.cat([~mask, unwritten(B, max_new_tokens, dtype=torch.bool, device=device)], 1), neg)
         self.key_bias = self.key_bias.repeat_interleave(self.kv_heads, 0)[:, None, :]
         self.length = 0
         g = self.heads // self.kv_heads
         causal = torch.ones(P, P, dtype=torch.bool, device=device).tril()
         allowed = mask[:, None, :] & causal  # (B, P queries, P keys)
-        prompt_bias = torch.zeros(B, P, P, device=device).masked_fill_(~allowed, neg)
+        prompt_bias = torch.zeros(B, P, P, device=device, dtype=att).masked_fill_(~allowed, neg)
         prompt_bias = prompt_bias.repeat_interleave(self.kv_heads, 0).repeat(1, g, 1)  # (B * KV, g * P, P)
         self.last = self._run(ids, positions(mask), prompt_bias).float()
         self.next_pos = mask.sum(-1, keepdim=True)  # (B, 1)
@@ -265,9 +273,13 @@ class _StaticStepper:
                 vc.view(B, KV, -1, D).index_copy_(2, col, v_new.to(vc.dtype))
                 keys, values = kc, vc
             # the g query heads sharing one key/value head form one attention row: (B * KV, g * T, D)
-            q = qk[:, :, :H].transpose(1, 2).reshape(B * KV, g * T, D).float()
-            w = torch.baddbmm(bias, q, keys.transpose(1, 2), alpha=self.scaling).softmax(-1)
-            o = torch.bmm(w, values).view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
+            q = qk[:, :, :H].transpose(1, 2).reshape(B * KV, g * T, D)
+            if self.sdpa:  # the model dtype, fused attention
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=self.scaling)
+            else:  # float32 scores and weights (the CPU's)
+                w = torch.baddbmm(bias, q.float(), keys.transpose(1, 2), alpha=self.scaling).softmax(-1)
+                o = torch.bmm(w, values)
+            o = o.view(B, H, T, D).transpose(1, 2).reshape(B, T, H * D)
             h = h + F.linear(o.to(self.dtype), *o_proj)
             gate, up = F.linear(self._rms(h, norm2), *gate_up).chunk(2, dim=-1)
             h = h + F.linear(act(gate) * up, *down)

@@ -343,3 +343,39 @@ def test_runs_on_a_local_ray_cluster_with_the_same_failure_and_resume_semantics(
     assert rc == 0 and (off / "metrics.json").exists()
     assert (on / "metrics.json").stat().st_mtime_ns == mtime
     assert sorted(pd.read_parquet(study / "results.parquet")["run_id"]) == sorted([off.name, on.name])
+
+
+def test_a_process_loads_its_models_once_and_every_run_gets_a_fresh_student(tiny_models, tmp_path, monkeypatch):
+    """A warm worker serves run after run: the teacher and the student base are loaded from disk
+    once per process (``materials.RESIDENT``) and each run trains its own copy of the base, so a
+    run's record is the one it has when it loads everything itself (first in a fresh process)."""
+    from kdlab.study import materials
+    from kdlab.study.contract import contract_for, run_config
+    from kdlab.study.runs import execute_run
+
+    profile = load_profile(TINY, FAST)
+    outputs = outputs_with_models(tmp_path / "out", tiny_models)
+    loads = []
+    real_load = materials.load_model
+    monkeypatch.setattr(materials, "load_model", lambda p, path, *a, **k: loads.append(Path(path).name)
+                        or real_load(p, path, *a, **k))
+    monkeypatch.setattr(materials, "RESIDENT", materials._Resident())
+    cells = [dict(task="countdown-3", policy="off", kl="forward", lr=profile.grid.lrs[0], seed=0),
+             dict(task="countdown-3", policy="on", kl="reverse", lr=profile.grid.lrs[0], seed=0)]
+
+    def record(cell, where):
+        contract = contract_for(profile, run_config(profile, **cell), outputs, out_dir=tmp_path / where)
+        m = execute_run(contract, progress=False)
+        return {k: m[k] for k in ("accuracy", "probe_mean", "forgetting", "sparsity")}, m
+
+    first, _ = record(cells[0], "a")
+    second, _ = record(cells[1], "b")
+    again, _ = record(cells[0], "c")  # the base was trained by the runs before: its copy must not be
+    # three runs: the teacher and the run's student base loaded once, plus the base's own evaluation
+    # (once per base and task, then read from its cache file)
+    paths = model_paths(profile, outputs / "models", progress=False)
+    assert sorted(loads) == sorted([paths["student"].name, paths["student"].name, paths["countdown-3"].name])
+    assert again == first
+    monkeypatch.setattr(materials, "RESIDENT", materials._Resident())  # a fresh process
+    alone, _ = record(cells[1], "d")
+    assert alone == second and len(loads) == 5

@@ -135,17 +135,72 @@ def load_model(profile: Profile, path: str | Path, dtype: str = "fp32", train: b
     return model, HFCodec.of(tok, model, max_prompt_tokens=pre.max_prompt_tokens)
 
 
+class _Resident:
+    """The models a process keeps loaded from one run to the next (a warm kernel serving a
+    study's cells: the worker loop runs notebook after notebook in one process, one worker per
+    GPU): the last frozen teacher, used as it is, and the last student base, kept pristine on the
+    host, of which each run gets a fresh copy on the model's device (runs train it in place). A
+    key is everything the loaded model depends on: the checkpoint's identity (its weights'
+    hash), the dtype, the profile's device and training settings. One of each, so a study of
+    several tasks (its runs ordered by task) holds one teacher at a time."""
+
+    def __init__(self):
+        self.teacher: tuple[Any, Any] | None = None  # (key, (model, codec))
+        self.student: tuple[Any, Any] | None = None  # (key, (pristine model on the host, codec, device))
+
+    @staticmethod
+    def _sharded() -> bool:  # FSDP shards a run's models in place: a sharded process keeps nothing
+        from ..engine.ranks import _world
+
+        return _world()[1] > 1
+
+    def load_teacher(self, key, load):
+        if self._sharded():
+            return load()
+        if self.teacher is None or self.teacher[0] != key:
+            self.teacher = None  # the old one is freed before the new one loads
+            self.teacher = (key, load())
+        return self.teacher[1]
+
+    def load_student(self, key, load):
+        import copy
+
+        if self._sharded():
+            return load()
+        if self.student is None or self.student[0] != key:
+            self.student = None
+            model, codec = load()
+            device = next(model.parameters()).device
+            self.student = (key, (model.to("cpu"), codec, device))
+        pristine, codec, device = self.student[1]
+        return copy.deepcopy(pristine).to(device), codec
+
+
+RESIDENT = _Resident()
+
+
+def _resident_key(profile: Profile, path: Path, dtype: str, train: bool) -> tuple:
+    pre = profile.pretrained
+    return (str(Path(path).resolve()), model_id(path), dtype, train, pre.device if is_real(profile) else "cpu",
+            pre.gradient_checkpointing, pre.max_prompt_tokens)
+
+
 def load_pair(profile: Profile, student_dir: Path, teacher_dir: Path, dtype: str):
     """(student, teacher, codec): the student in ``dtype`` (fp32 for the toy, cast by the loop),
-    the teacher in bf16; a real pair must share its vocabulary token for token."""
+    the teacher in bf16; a real pair must share its vocabulary token for token. Both come from
+    ``RESIDENT``: loaded once per process and reused by the runs after it (a fresh student each run)."""
 
     if not is_real(profile):
-        student, _ = load_model(profile, student_dir, "fp32")
-        teacher, _ = load_model(profile, teacher_dir, "bf16")
+        student, _ = RESIDENT.load_student(_resident_key(profile, student_dir, "fp32", False),
+                                           lambda: load_model(profile, student_dir, "fp32"))
+        teacher, _ = RESIDENT.load_teacher(_resident_key(profile, teacher_dir, "bf16", False),
+                                           lambda: load_model(profile, teacher_dir, "bf16"))
         return student, teacher, CHAR
     check_same_vocab(load_tokenizer(teacher_dir), load_tokenizer(student_dir), names=("teacher", "student"))
-    student, codec = load_model(profile, student_dir, dtype, train=True)
-    teacher, _ = load_model(profile, teacher_dir, "bf16")
+    student, codec = RESIDENT.load_student(_resident_key(profile, student_dir, dtype, True),
+                                           lambda: load_model(profile, student_dir, dtype, train=True))
+    teacher, _ = RESIDENT.load_teacher(_resident_key(profile, teacher_dir, "bf16", False),
+                                       lambda: load_model(profile, teacher_dir, "bf16"))
     codec = HFCodec.of(codec.tokenizer, student, teacher, max_prompt_tokens=codec.max_prompt_tokens)
     return student, teacher, codec
 

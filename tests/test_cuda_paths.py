@@ -313,3 +313,29 @@ def test_rlvr_on_the_gpu_samples_there_and_matches_the_cpu(monkeypatch):
         assert g["reward_mean"] == r["reward_mean"] and g["length"] == r["length"]
         for key in ("loss", "ratio_mean", "kl", "grad_norm"):
             assert g[key] == pytest.approx(r[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_study_on_several_gpus_runs_one_worker_per_gpu(monkeypatch):
+    """Worker i of a real profile on ``auto`` / ``cuda`` sees GPU i alone (round robin past the
+    count; within an existing CUDA_VISIBLE_DEVICES list); one GPU, one worker, a named GPU or a
+    toy profile leave the environment as it is."""
+    from kdlab.study import materials
+    from kdlab.study.config import load_profile
+    from kdlab.study.kernels import _kernel_env
+    from kdlab.study.preflight import worker_gpus
+
+    toy = load_profile("params/tiny.yaml")
+    assert worker_gpus(toy, 4, device_count=8) == [None] * 4
+    monkeypatch.setattr(materials, "is_real", lambda p: True)
+    real = load_profile("params/tiny.yaml")
+    assert real.pretrained.device == "auto"
+    assert worker_gpus(real, 3, device_count=8, visible="") == ["0", "1", "2"]
+    assert worker_gpus(real, 5, device_count=2, visible="") == ["0", "1", "0", "1", "0"]
+    assert worker_gpus(real, 2, device_count=2, visible="4,6") == ["4", "6"]
+    assert worker_gpus(real, 2, device_count=1, visible="") == [None, None]
+    assert worker_gpus(real, 1, device_count=8, visible="") == [None]
+    assert worker_gpus(load_profile("params/tiny.yaml", {"pretrained.device": "cuda:1"}), 2, device_count=8) == [None] * 2
+    assert worker_gpus(real, 2, visible="") == [None, None]  # this machine: no GPU
+    assert _kernel_env(1, "3")["CUDA_VISIBLE_DEVICES"] == "3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7")
+    assert _kernel_env(1)["CUDA_VISIBLE_DEVICES"] == "7"

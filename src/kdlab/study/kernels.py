@@ -273,10 +273,13 @@ def _notebook_error(nb: nbformat.NotebookNode, output: Path, pm: dict[str, Any])
     return None
 
 
-def _kernel_env(threads: int) -> dict[str, str]:
+def _kernel_env(threads: int, gpu: str | None = None) -> dict[str, str]:
     """The kernels' environment: this one, plus kdlab's source on the path (the kernels import the
-    same kdlab), per-worker thread counts and inline figures."""
+    same kdlab), per-worker thread counts, inline figures and, with ``gpu``, the one GPU the
+    worker sees (``CUDA_VISIBLE_DEVICES``; ``kdlab.study.preflight.worker_gpus``)."""
     env = dict(os.environ)
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
     src = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 import re
 from pathlib import Path
 
@@ -179,3 +180,26 @@ def install_hint(package: str) -> str:
                 return f"pip install 'kdlab[{m.group(3)}]'"
             spec = f"{m.group(1)}{m.group(2).strip()}"
     return f"pip install '{spec}'"
+
+
+def worker_gpus(profile: Profile, workers: int, device_count: int | None = None,
+                visible: str | None = None) -> list[str | None]:
+    """The GPU each worker process serves, as its ``CUDA_VISIBLE_DEVICES`` (None: leave it as it
+    is): on a machine with several GPUs, a real profile whose device is ``auto`` or ``cuda`` runs
+    one worker per GPU (worker i on GPU i, round robin when there are more workers than GPUs), each
+    worker a warm process that keeps its models loaded from run to run (``materials.RESIDENT``).
+    A profile naming one GPU (``cuda:N``), a CPU profile, one GPU or one worker changes nothing.
+    ``device_count`` / ``visible``: this machine's (torch's count, the environment's list)."""
+    device = profile.pretrained.device if materials.is_real(profile) else "cpu"
+    if device not in ("auto", "cuda") or workers < 2:
+        return [None] * workers
+    if device_count is None:
+        import torch
+
+        device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device_count < 2:
+        return [None] * workers
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    ids = [v.strip() for v in visible.split(",") if v.strip()][:device_count] if visible else []
+    ids = ids or [str(i) for i in range(device_count)]
+    return [ids[i % len(ids)] for i in range(workers)]

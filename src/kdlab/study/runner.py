@@ -37,7 +37,7 @@ from .config import ConfigError, Profile, companion_profile, dropped_values, loa
 from .followups import rlvr_starts, students_to_save, style_cells
 from .building import check_models, models_to_train
 from ..core.atomic import write_json_atomic, write_text_atomic
-from .preflight import check_machine, check_profile
+from .preflight import check_machine, check_profile, worker_gpus
 from .kernels import (KERNEL_NAME, Context, WarmKernel, _cores, _execute_safely, _kernel_env, _record_error,
                       _run_jobs, _run_on_ray)
 from .plan import (GRID_NB, REPORT_NB, RLVR_NB, RUN_NB, TEACHERS_NB, _check_params, _models_ready, _notebook,
@@ -167,18 +167,20 @@ def _run_locked(profile: Profile, study_dir: Path, outputs: Path, workers: int, 
     threads = profile.threads or max(1, _cores() // workers)
     n_kernels = max(1, min(workers, len(todo) + len(todo_extra)))
     n_redo = sum(recorded for _, recorded in todo)
+    gpus = worker_gpus(profile, n_kernels)
     extra = (f"; {len(extra_jobs)} style and RLVR runs "
              f"({len(extra_jobs) - sum(not r for _, r in todo_extra)} already complete)") if extra_jobs else ""
     _say(f"study {profile.name}: {len(cells)} runs ({len(cells) - len(todo) + n_redo} already complete"
          + (f", {n_redo} of them with an interrupted notebook" if n_redo else "") + f"){extra}, "
-         f"{n_kernels} worker(s) x {threads} torch thread(s) -> {study_dir}")
+         f"{n_kernels} worker(s) x {threads} torch thread(s)"
+         + (f", one per GPU (CUDA_VISIBLE_DEVICES {', '.join(gpus)})" if gpus[0] is not None else "") + f" -> {study_dir}")
     if invalid:
         _say(f"{len(invalid)} recorded run(s) redone, their record is not what the results table reads: "
              + "; ".join(f"{j.id} ({problems[0]})" for j, problems in invalid[:3])
              + (f"; and {len(invalid) - 3} more" if len(invalid) > 3 else ""))
     ctx = Context(study_dir=study_dir, outputs=outputs, params_path=params_path, threads=threads, progress=progress,
-                  kernels=[WarmKernel(i, study_dir, _kernel_env(threads), log_path=study_dir / "logs" / f"kernel-{i}.log")
-                           for i in range(n_kernels)],
+                  kernels=[WarmKernel(i, study_dir, _kernel_env(threads, gpu), log_path=study_dir / "logs" / f"kernel-{i}.log")
+                           for i, gpu in enumerate(gpus)],
                   t_study=t_study, timing=_load_timing(study_dir),
                   invocation={"started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "workers": n_kernels,
                               "threads_per_worker": threads, "runs_done": 0, "runs_failed": 0, "kernel_start_s": 0.0,

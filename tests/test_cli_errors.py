@@ -232,3 +232,9 @@ def test_a_run_out_of_gpu_memory_on_the_command_line_is_one_line_with_the_settin
 ])
 def test_a_malformed_per_task_rate_is_refused_in_one_line(capsys, tmp_path, override, needle):
     _refused(capsys, tmp_path, ["study", TINY, "--set", override], needle)
+
+
+def test_teacher_hidden_states_with_a_sampled_kl_are_refused_before_any_work(capsys, tmp_path):
+    _refused(capsys, tmp_path, ["study", TINY, "--set", "pretrained.teacher_hidden=true", "--set", "grid.kls=[forward, k3]"],
+             "teacher_hidden: the KL from the teacher's hidden states is the full-vocabulary forward / reverse KL; "
+             "kl 'k3' needs the teacher's logits")

@@ -189,8 +189,34 @@ def test_same_seed_same_history_other_seed_differs():
     for e in h:
         assert 0 <= e["reward_mean"] <= 1 and 1 <= e["length"] <= 3 and 0 <= e["clip_frac"] <= 1
         assert e["grad_norm"] >= 0 and e["kl"] >= 0 and e["collapsed"] is False
-    assert h[0]["ratio_mean"] == pytest.approx(1.0) and h[0]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert next(m1.parameters()).dtype == torch.bfloat16
+    # one inner epoch is on-policy: the ratio is exactly 1, and the first step starts at the reference
+    _, one = _run(3, kl_coef=0.1)
+    assert all(e["ratio_mean"] == pytest.approx(1.0) for e in one["history"])
+    assert one["history"][0]["kl"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_grpo_on_bf16_parameters_computes_in_fp32_on_a_cpu_and_updates_them_in_bf16(monkeypatch):
+    """As distillation: the parameters and their update stay bf16 (no master copy), while sampling,
+    the log-probs, the backward and the evaluation run on an fp32 copy reloaded after every update
+    (``compute_dtype`` auto on a CPU; bf16 matmuls are 35x slower than fp32 on an avx2-only CPU).
+    The bf16 arithmetic (``compute_dtype: bf16``) samples and scores the bf16 model itself; the two
+    agree on the first step's sampled batch to bf16 precision."""
+    from kdlab.engine import rlvr
+
+    seen = []
+    real_sample = rlvr.sample
+    monkeypatch.setattr(rlvr, "sample", lambda m, *a, **k: seen.append(next(m.parameters()).dtype) or real_sample(m, *a, **k))
+    m32, a = _run(3, inner_epochs=2)
+    assert set(seen) == {torch.float32} and next(m32.parameters()).dtype == torch.bfloat16
+    seen.clear()
+    m16, b = _run(3, inner_epochs=2, compute_dtype="bf16")
+    assert set(seen) == {torch.bfloat16} and next(m16.parameters()).dtype == torch.bfloat16
+    assert a["history"][0]["reward_mean"] == b["history"][0]["reward_mean"]
+    assert a["history"][0]["loss"] == pytest.approx(b["history"][0]["loss"], rel=0.05, abs=1e-3)
+    # the update reached the bf16 parameters: they moved from the start
+    start = build_model("llama", "nano", seed=0).to(torch.bfloat16)
+    assert any(not torch.equal(x, y) for x, y in zip(m32.parameters(), start.parameters()))
 
 
 def test_grpo_raises_the_verifiable_reward():

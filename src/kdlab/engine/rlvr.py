@@ -32,7 +32,7 @@ from .batching import pad_left, response_logits
 from ..models.codec import CHAR
 from .data import ProblemPool
 from ..core.dtypes import DTYPES
-from .trainer import Trainer
+from .trainer import Arithmetic, Trainer, compute_dtype_of
 from ..core.kl import sampled_kl
 from .rollout import sample
 from .run_config import NORMALISATIONS, GRPOSettings, RLVRConfig  # noqa: F401 (RLVRConfig: GRPO's config)
@@ -278,13 +278,18 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model.to(DTYPES[cfg.dtype])
+    # the parameters, the optimizer and the update in cfg.dtype; sampling, the log-probs, the
+    # backward and the evaluation in the compute dtype (``work``: fp32 on a CPU by default, a copy
+    # reloaded from the parameters after every update), as in distillation
+    arith = Arithmetic(model, compute_dtype_of(cfg, next(model.parameters()).device), 1)
+    work = arith.model
     # sampling draws on the model's device: a CPU generator would copy each token's (B, V)
     # probabilities to the host (the same stream as before on a CPU)
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(cfg.seed)
     max_new = cfg.max_new_tokens or task.max_new_tokens
     ref = None
     if cfg.kl_coef > 0:
-        ref = copy.deepcopy(model).eval()
+        ref = copy.deepcopy(work).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
     trainer = Trainer(model.parameters(), cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)
@@ -293,7 +298,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         if eval_fn is None:
             return None
         t0 = time.perf_counter()
-        acc = eval_fn(model)
+        acc = eval_fn(work)
         phase["eval"] += time.perf_counter() - t0
         return acc
 
@@ -307,8 +312,8 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         problems = pool.sample(P, rng)
         group_problems = [p for p in problems for _ in range(G)]  # row i*G + g: problem i, sample g
         prompts = [codec.prompt(p.prompt) for p in group_problems]
-        model.eval()
-        ro = sample(model, prompts, max_new, lam=1.0, temperature=cfg.temperature, generator=gen, codec=codec)
+        work.eval()
+        ro = sample(work, prompts, max_new, lam=1.0, temperature=cfg.temperature, generator=gen, codec=codec)
         texts = [codec.decode(row) for row in ro.token_lists()]
         rewards = verifiable_rewards(task, group_problems, texts).view(P, G)
         device = next(model.parameters()).device  # the rollout comes back on the CPU
@@ -322,16 +327,17 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
                         if ref is not None else None)
         logp_old = None
         loss_val, stats, gnorm = float("nan"), {}, float("nan")
-        model.train()
+        work.train()
         trainer.set_lr(step)  # constant: GRPO has no warm-up
         for _epoch in range(cfg.inner_epochs):
-            logp_new = _sequence_logprobs(model, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
+            logp_new = _sequence_logprobs(work, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
             if logp_old is None:  # the sampling policy: ratio exactly 1 on the first epoch
                 logp_old = logp_new.detach()
             loss, stats = grpo_loss(logp_new, logp_old, adv, mask, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef,
                                     logp_ref=logp_ref, normalisation=cfg.normalisation)
             trainer.zero_grad()
             trainer.backward(loss)
+            arith.push()
             gnorm_t = trainer.clip()
             # the epoch's one host read: loss, its stats and the gradient norm together (a
             # non-finite loss or gradient stops the run before the optimiser steps)
@@ -343,6 +349,8 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
                 trainer.zero_grad()
                 break
             trainer.step()
+            arith.pull()
+        work.eval()
         model.eval()
         if not nan_stop and not trainer.params_finite():
             nan_stop = True

@@ -22,6 +22,13 @@ HIDDEN_KLS = ("forward", "reverse")  # the kinds kdlab.core.head_kl computes fro
 NORMALISATIONS = ("sequence", "token")  # GRPO's loss normalisation (kdlab.engine.rlvr.grpo_loss)
 
 
+def _compute_dtype():
+    """The ``compute_dtype`` setting of a training loop (distillation, GRPO): one default, one rule."""
+    return setting("auto", choices=("auto",) + DTYPES, doc="arithmetic of the student's rollouts, forward and "
+                   "backward; the parameters, their updates and the optimizer stay in dtype. auto: fp32 on a CPU "
+                   "(bf16 matmuls without AMX are slower there; 35x on an avx2-only CPU), dtype elsewhere")
+
+
 @dataclass
 class DistillSettings:
     """Distillation settings shared by every run of a study (the profile's ``distill`` section).
@@ -41,9 +48,7 @@ class DistillSettings:
                                 "default implementation (recorded per run as 'optimizer'); the paper: fused")
     grad_clip: float | None = setting(1.0, lo=0.0, doc="max grad norm; null disables clipping")
     dtype: str = setting("bf16", choices=DTYPES, doc="parameter dtype; bf16 keeps no fp32 master copy")
-    compute_dtype: str = setting("auto", choices=("auto",) + DTYPES, doc="arithmetic of the student's rollouts, "
-                                 "forward and backward; the parameters, their updates and the optimizer stay in dtype. "
-                                 "auto: fp32 on a CPU (bf16 matmuls without AMX are slower there), dtype elsewhere")
+    compute_dtype: str = _compute_dtype()
     jsd_beta: float = setting(0.5, lo=0.0, hi=1.0)
     sampled_direction: str = setting("reverse", choices=("forward", "reverse"),
                                      doc="the KL a sampled estimator (k1/k2/k3/sf) targets")
@@ -120,7 +125,8 @@ class GRPOSettings:
     temperature: sampling temperature (log-probs are taken at the same temperature);
     inner_epochs: optimiser steps per sampled batch (full batch each; >1 makes the ratio and
     clipping matter); dtype: parameter dtype, bf16 with no fp32 master copy as in
-    ``kdlab.engine.distill``; grad_clip: max grad norm (None: off); collapse_window /
+    ``kdlab.engine.distill``; compute_dtype: the arithmetic of sampling, forward and backward (as
+    in distillation: fp32 on a CPU by default); grad_clip: max grad norm (None: off); collapse_window /
     collapse_drop: ``detect_collapse``.
     """
 
@@ -133,6 +139,7 @@ class GRPOSettings:
     temperature: float = setting(1.0, lo=1e-3, hi=10.0)
     inner_epochs: int = setting(1, lo=1, bound="steps")
     dtype: str = setting("bf16", choices=DTYPES)
+    compute_dtype: str = _compute_dtype()
     grad_clip: float | None = setting(1.0, lo=0.0)
     collapse_window: int = setting(20, lo=1, bound="steps")
     collapse_drop: float = setting(0.2, lo=0.0, hi=1.0)

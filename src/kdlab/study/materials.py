@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..engine.ranks import _world
 from ..models.codec import CHAR, HFCodec
 from .config import Profile
 from ..tasks.base import Problem, Task, held_out
@@ -150,8 +151,6 @@ class _Resident:
 
     @staticmethod
     def _sharded() -> bool:  # FSDP shards a run's models in place: a sharded process keeps nothing
-        from ..engine.ranks import _world
-
         return _world()[1] > 1
 
     def load_teacher(self, key, load):

@@ -146,16 +146,22 @@ def test_evaluation_pass_at_k_and_sparsity_on_the_gpu():
 # the GPU's decode mode, on the CPU
 # ---------------------------------------------------------------------------------------------
 
+def _decode_case(family: str, heads: int, kv: int, seed: int, steps: int):
+    """A small fp32 model of ``family`` (grouped-query with ``kv`` key/value heads), three left-padded
+    prompts and ``steps`` random tokens to feed them."""
+    model = build_model(family, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
+                                     num_key_value_heads=kv, intermediate_size=96), seed=3).eval()
+    prompts = [prompt_ids("c12 34 56>78:"), prompt_ids("a1+2:"), prompt_ids("vhouse:")]
+    rng = random.Random(seed)
+    return model, prompts, [torch.tensor([rng.randrange(3, 98) for _ in prompts]) for _ in range(steps)]
+
+
 @pytest.mark.parametrize("family,heads,kv", [("llama", 4, 2), ("qwen2", 4, 1)])
 def test_static_decode_mode_matches_the_sliced_one_and_transformers(family, heads, kv):
     """The GPU's static mode (all columns attended, the unwritten ones masked, the column held
     in a device tensor) gives the logits of the CPU's sliced mode and of transformers' own
     KV-cached decoding, step by step (fp32)."""
-    model = build_model(family, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
-                                     num_key_value_heads=kv, intermediate_size=96), seed=3).eval()
-    prompts = [prompt_ids("c12 34 56>78:"), prompt_ids("a1+2:"), prompt_ids("vhouse:")]
-    rng = random.Random(0)
-    feed = [torch.tensor([rng.randrange(3, 98) for _ in prompts]) for _ in range(6)]
+    model, prompts, feed = _decode_case(family, heads, kv, seed=0, steps=6)
     with torch.no_grad():
         static = rollout._StaticStepper(model, prompts, len(feed), static=True, graph=False)
         sliced = rollout._StaticStepper(model, prompts, len(feed), static=False)
@@ -173,11 +179,7 @@ def test_sdpa_attention_in_the_model_dtype_matches_the_float32_one(family, heads
     """The CUDA decoder's attention (``sdpa``: cache in the model dtype, scaled_dot_product_attention)
     computes the CPU's float32 baddbmm attention: equal to 1e-5 in fp32, both decode modes, with
     left-padded prompts (queries with no key to attend in the prompt pass stay finite)."""
-    model = build_model(family, dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
-                                     num_key_value_heads=kv, intermediate_size=96), seed=3).eval()
-    prompts = [prompt_ids("c12 34 56>78:"), prompt_ids("a1+2:"), prompt_ids("vhouse:")]
-    rng = random.Random(1)
-    feed = [torch.tensor([rng.randrange(3, 98) for _ in prompts]) for _ in range(5)]
+    model, prompts, feed = _decode_case(family, heads, kv, seed=1, steps=5)
     with torch.no_grad():
         for static in (True, False):
             fused = rollout._StaticStepper(model, prompts, len(feed), static=static, graph=False, sdpa=True)

@@ -41,6 +41,8 @@ def model_key(role: str, spec: Any, pre: Any, mix, trace: str) -> dict[str, Any]
     schedule.pop("extra_tasks")  # recorded by the mixture
     if schedule.get("arithmetic") == PRETRAIN_ARITHMETIC[0]:
         schedule.pop("arithmetic")  # the default: keys of models built before the field existed stay as they were
+    if not schedule.get("until"):
+        schedule.pop("until", None)  # the whole training (the default), likewise
     return {"role": role, "model": asdict(spec), "pretrain": schedule, "mixture": _describe(mix),
             "trace": trace, "regime_version": REGIME_VERSION}
 

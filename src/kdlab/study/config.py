@@ -74,6 +74,9 @@ class PretrainSpec:
     extra_tasks: dict[str, float] = _f(factory=dict, doc="student_pretrain only: {task: mixture weight} of tasks "
                                        "outside the grid (e.g. the harder variant countdown-4) whose train-split traces "
                                        "the student base also learns, so that a later stage on them (RLVR) has a signal")
+    until: int = _f(0, lo=0, bound="steps", doc="stop the training at this step, its schedule (warm-up, cosine decay) "
+                    "still spanning steps: the model is a checkpoint of that training (the teachers axis); "
+                    "0 = all steps; part of the model's key when set")
     arithmetic: str = _f(PRETRAIN_ARITHMETIC[0], choices=PRETRAIN_ARITHMETIC,
                          doc="the training's matmuls: 'bf16' (bf16 autocast over fp32 weights, how the shipped quick "
                              "models were built) or 'fp32' (10x faster on a CPU without native bf16: avx2 only, "
@@ -108,6 +111,8 @@ class GridSpec:
                                           "entry, in the same order}: a task listed here trains at its own rates, "
                                           "each playing the role (low, high) of the grid.lrs entry at its position")
     seeds: list[int] = _f(factory=lambda: [0, 1], lo=0)
+    low_rate_only: bool = _f(False, doc="run only the first (low) entry of grid.lrs and of each grid.task_lrs "
+                             "list, so that a profile of one rate keeps the rates a recalibration sets (the axes)")
 
     def rate(self, task: str, lr: float) -> float:
         """The learning rate a run of ``task`` uses for the grid's rate ``lr``: the task's own rate at
@@ -154,6 +159,36 @@ class StyleSpec:
     kls: list[str] = _f(factory=lambda: ["forward", "reverse"], choices=KL_KINDS)
     lrs: list[float] = _f(factory=list, **LEARNING_RATE, doc="learning rates of the style runs; [] = the grid's first (low) rate")
     seeds: list[int] = _f(factory=lambda: [0], lo=0)
+
+
+@dataclass
+class TeacherPoint:
+    """A point of the teachers axis: a teacher of the grid's tasks other than the profile's own."""
+    size: str = _f("", doc="a preset of kdlab.core.schema.PRESETS (e.g. a larger teacher); '' = teacher.size")
+    checkpoint: int = _f(0, lo=0, bound="steps", doc="the teacher's training stopped at this step, its schedule "
+                         "unchanged (teacher_pretrain.until: a checkpoint of that training); 0 = the whole training")
+    path: str = _f("", doc="a pretrained profile: the local HF checkpoint of the teacher of every grid task")
+
+
+@dataclass
+class StudentPoint:
+    """A point of the students axis: a student preset with its own base, built with student_pretrain."""
+    size: str = _f("", doc="a preset of kdlab.core.schema.PRESETS")
+    path: str = _f("", doc="a pretrained profile: the local HF checkpoint of the student base")
+
+
+@dataclass
+class AxesSpec:
+    """The study's open questions as axes (STUDY.md, "Where the study stops"). Each point runs the
+    profile's main grid as a study of its own, ``<name>-<axis>-<label>`` (the companion mechanism),
+    with its teacher or student in place of the profile's; the profile's own study is the axis's
+    first point. Report section 94_axes puts them side by side (kdlab.analysis.axes)."""
+    teachers: list[TeacherPoint] = _f(factory=list, doc="teachers of other strength (a checkpoint of the task "
+                                      "teacher's training, or another preset), same student")
+    students: list[StudentPoint] = _f(factory=list, doc="students of other sizes, each with its own base, same teacher")
+
+
+AXES = ("teachers", "students")
 
 
 REAL_KINDS = ("choice", "math")
@@ -242,6 +277,7 @@ class Profile:
     pretrained: PretrainedSpec = _f(factory=PretrainedSpec)
     rlvr: RLVRSpec = _f(factory=RLVRSpec)
     style: StyleSpec = _f(factory=StyleSpec)
+    axes: AxesSpec = _f(factory=AxesSpec)
     data_seed: int = _f(RunConfig.data_seed, lo=0)
     threads: int = _f(0, lo=0, doc="torch threads per run; 0 = choose from cores and workers")
     companions: dict[str, Any] = _f(factory=dict, doc="robustness variants: {suffix: overrides}; each runs this "
@@ -343,8 +379,18 @@ def validate_profile(p: Profile) -> Profile:
         raise ConfigError(f"style.enabled: needs countdown traces in style 'steps' or 'search', got trace {p.trace!r}")
     if p.trace == "dfs":
         _check_dfs_tasks(p)
+    trainings = [("student_pretrain", "the student base", p.student_pretrain.steps)] + [
+        ("teacher_pretrain", f"the teacher of {t}", p.teacher_pretrain.task_steps.get(t, p.teacher_pretrain.steps))
+        for t in _distilled_tasks(p)]
+    for key, model, steps in trainings:
+        if getattr(p, key).until > steps:
+            raise ConfigError(f"{key}.until: step {getattr(p, key).until} is past the training of {model} ({steps} steps)")
+    if p.grid.low_rate_only:
+        p.grid.lrs = p.grid.lrs[:1]
+        p.grid.task_lrs = {t: rates[:1] for t, rates in p.grid.task_lrs.items()}
     for suffix in p.companions:
         companion_profile(p, suffix)
+    axis_profiles(p)
     return p
 
 
@@ -409,17 +455,19 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 # What a companion study never runs: its sections compare its main grid with this study's.
-COMPANION_OFF = {"rlvr": {"enabled": False}, "style": {"enabled": False}, "grid": {"lambdas": []}}
+COMPANION_OFF = {"rlvr": {"enabled": False}, "style": {"enabled": False}, "grid": {"lambdas": []},
+                 "axes": {"teachers": [], "students": []}}
 
 
-def companion_profile(profile: Profile, suffix: str) -> Profile:
+def companion_profile(profile: Profile, suffix: str, over: dict[str, Any] | None = None) -> Profile:
     """The robustness study ``companions[suffix]`` of ``profile``: the profile's settings with the
     companion's overrides (nested mappings, validated like a profile), named
-    ``<profile.name>-<suffix>``, running the main grid only (no RLVR, style, lambda spectrum or
-    companions of its own)."""
+    ``<profile.name>-<suffix>``, running the main grid only (no RLVR, style, lambda spectrum,
+    axes or companions of its own). ``over``: these overrides instead of ``companions[suffix]``
+    (an axis point, ``axis_points``)."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", suffix):
         raise ConfigError(f"companions: {suffix!r} must be a plain name (letters, digits, '_', '.', '-')")
-    over = profile.companions[suffix]
+    over = profile.companions[suffix] if over is None else over
     if not isinstance(over, dict):
         raise ConfigError(f"companions.{suffix}: expected a mapping of overrides, got {type(over).__name__} {over!r}")
     if "name" in over or "companions" in over:
@@ -430,6 +478,114 @@ def companion_profile(profile: Profile, suffix: str) -> Profile:
         return validate_profile(from_dict(Profile, data))
     except ConfigError as e:
         raise ConfigError(f"companions.{suffix}: {e}") from None
+
+
+@dataclass(frozen=True)
+class AxisPoint:
+    """One point of an axis (``axes.teachers`` / ``axes.students``) as a study: ``suffix`` names it
+    (``<profile>-<suffix>``), ``overrides`` are what it changes in the profile, ``label`` is how the
+    report shows it."""
+    axis: str
+    label: str
+    overrides: dict
+
+    @property
+    def suffix(self) -> str:
+        return f"{self.axis}-{self.label}"
+
+
+def _point_label(size: str, checkpoint: int = 0) -> str:
+    return "-".join(([size] if size else []) + ([f"step{checkpoint}"] if checkpoint else [])) or "own"
+
+
+def axis_points(p: Profile) -> list[AxisPoint]:
+    """The studies of the profile's axes, in order (the profile's own study is each axis's first
+    point and is not listed). Refuses (``ConfigError``) a preset that does not exist, a checkpoint
+    past the teacher's training, a point equal to the profile's own model or to another point, and
+    a toy key on a pretrained profile (or the reverse)."""
+    out: list[AxisPoint] = []
+    real = bool(p.pretrained.student)
+    for i, t in enumerate(p.axes.teachers):
+        key = f"axes.teachers[{i}]"
+        if real:
+            if t.size or t.checkpoint or not t.path:
+                raise ConfigError(f"{key}: a pretrained profile's teacher is a checkpoint directory: give its path "
+                                  f"(size and checkpoint are for kdlab's toy teachers)")
+            tasks = [{**dataclasses.asdict(task), "teacher": t.path} for task in p.pretrained.tasks]
+            out.append(AxisPoint("teachers", _path_label(t.path), {"pretrained": {"tasks": tasks}}))
+            continue
+        if t.path:
+            raise ConfigError(f"{key}.path: {t.path!r}: a toy profile's teachers are built by kdlab (size, "
+                              "checkpoint); a path is for a pretrained profile")
+        size = t.size or p.teacher.size
+        if size not in PRESETS:
+            raise ConfigError(f"{key}.size: {t.size!r} is not a valid choice; choose from {sorted(PRESETS)}")
+        for task in _distilled_tasks(p):
+            steps = p.teacher_pretrain.task_steps.get(task, p.teacher_pretrain.steps)
+            if t.checkpoint > steps:
+                raise ConfigError(f"{key}.checkpoint: step {t.checkpoint} is past the teacher's training of {task} "
+                                  f"({steps} steps, teacher_pretrain)")
+        over: dict[str, Any] = {}
+        if size != p.teacher.size:
+            over["teacher"] = {"size": size}
+        if t.checkpoint:
+            over["teacher_pretrain"] = {"until": t.checkpoint}
+        out.append(AxisPoint("teachers", _point_label(size if size != p.teacher.size else "", t.checkpoint), over))
+    for i, st in enumerate(p.axes.students):
+        key = f"axes.students[{i}]"
+        if real:
+            if st.size or not st.path:
+                raise ConfigError(f"{key}: a pretrained profile's student is a checkpoint directory: give its path "
+                                  "(size is for kdlab's toy students)")
+            out.append(AxisPoint("students", _path_label(st.path), {"pretrained": {"student": st.path}}))
+            continue
+        if st.path:
+            raise ConfigError(f"{key}.path: {st.path!r}: a toy profile's students are built by kdlab (size); "
+                              "a path is for a pretrained profile")
+        if st.size not in PRESETS:
+            raise ConfigError(f"{key}.size: {st.size!r} is not a valid choice; choose from {sorted(PRESETS)}")
+        over = {"student": {"size": st.size}} if st.size != p.student.size else {}
+        out.append(AxisPoint("students", st.size if over else "own", over))
+    seen: dict[str, int] = {}
+    for point in out:
+        same = (point.overrides == {"pretrained": {"student": p.pretrained.student}} or point.overrides ==
+                {"pretrained": {"tasks": [dataclasses.asdict(t) for t in p.pretrained.tasks]}})
+        if not point.overrides or same:
+            raise ConfigError(f"axes.{point.axis}: a point equal to the profile's own {point.axis[:-1]} "
+                              f"(the profile's study is the axis's first point)")
+        if point.suffix in seen:
+            raise ConfigError(f"axes.{point.axis}: {point.label!r} is listed twice")
+        seen[point.suffix] = 1
+    return out
+
+
+def _path_label(path: str) -> str:
+    """A checkpoint directory's name as a point label (plain characters only)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(path.rstrip("/")).name).strip("-.") or "checkpoint"
+
+
+def _distilled_tasks(p: Profile) -> list[str]:
+    return sorted(set(p.grid.tasks + (p.grid.lambda_tasks if p.grid.lambdas else [])))
+
+
+def axis_profiles(p: Profile) -> list[tuple[AxisPoint, Profile]]:
+    """Each axis point with its study's profile (``companion_profile`` with the point's overrides)."""
+    out = []
+    for point in axis_points(p):
+        try:
+            out.append((point, companion_profile(p, point.suffix, point.overrides)))
+        except ConfigError as e:
+            raise ConfigError(f"axes.{point.axis} ({point.label}): {e}") from None
+    return out
+
+
+def _check_written_axes(data: dict[str, Any]) -> None:
+    """An axis the profile names must list a point (an empty list is a mistake, not "no axis")."""
+    axes = data.get("axes")
+    if isinstance(axes, dict):
+        for name in AXES:
+            if name in axes and isinstance(axes[name], list) and not axes[name]:
+                raise ConfigError(f"axes.{name}: the list is empty; list at least one point, or leave the key out")
 
 
 def read_profile_data(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -489,6 +645,7 @@ def load_profile(path: str | Path, overrides: dict[str, Any] | None = None) -> P
                                   f"(it holds {node!r}); set it whole, e.g. --set {'.'.join(parents[:i + 1])}=[...]")
         node[last] = value
     try:
+        _check_written_axes(data)
         return validate_profile(from_dict(Profile, data))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None

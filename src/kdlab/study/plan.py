@@ -42,6 +42,7 @@ ANALYSIS_AFTER = {"70_statistics.ipynb": "50_gradients.ipynb"}
 
 # Report sections of the follow-ups, executed only when the profile runs them.
 RLVR_REPORT_NB, STYLE_REPORT_NB, ROBUSTNESS_NB = "91_rlvr.ipynb", "92_style.ipynb", "93_robustness.ipynb"
+AXES_NB = "94_axes.ipynb"
 
 # Grid lists that may change between invocations of one study (each run is identified by its cell).
 GRID_LISTS = ("policies", "kls", "lrs", "seeds", "lambdas")
@@ -50,9 +51,11 @@ GRID_LISTS = ("policies", "kls", "lrs", "seeds", "lambdas")
 
 def analysis_notebooks(profile: Profile) -> list[str]:
     """The analysis notebooks of a study's report, in order: ``ANALYSIS_NBS``, then the RLVR
-    (``rlvr.enabled``), style (``style.enabled``) and robustness (``companions``) sections."""
+    (``rlvr.enabled``), style (``style.enabled``), robustness (``companions``) and axes (``axes``) sections."""
+    axes = profile.axes.teachers or profile.axes.students
     return [*ANALYSIS_NBS, *([RLVR_REPORT_NB] if profile.rlvr.enabled else []),
-            *([STYLE_REPORT_NB] if profile.style.enabled else []), *([ROBUSTNESS_NB] if profile.companions else [])]
+            *([STYLE_REPORT_NB] if profile.style.enabled else []), *([ROBUSTNESS_NB] if profile.companions else []),
+            *([AXES_NB] if axes else [])]
 
 
 def analysis_lanes(names: list[str], n: int) -> list[list[str]]:

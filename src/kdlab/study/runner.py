@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 
-from .config import ConfigError, Profile, companion_profile, dropped_values, load_profile
+from .config import ConfigError, Profile, axis_profiles, companion_profile, dropped_values, load_profile
 from .followups import rlvr_starts, students_to_save, style_cells
 from .building import check_models, models_to_train
 from ..core.atomic import write_json_atomic, write_text_atomic
@@ -86,7 +86,9 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
     A profile with ``companions`` runs each companion study first (``<outputs>/<name>-<suffix>``:
     the main grid under the companion's overrides, its results table, no report of its own), then
     its own study, whose report shows the companions beside its main grid (``companions.json``
-    lists them). The exit code is the worst of all.
+    lists them). Each point of its ``axes`` (``kdlab.study.config.axis_points``) is run the same way,
+    as ``<name>-<axis>-<label>``, listed in ``axes.json`` and shown in report section 94_axes. The
+    exit code is the worst of all.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, got {workers!r}")
@@ -105,7 +107,8 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
     except ConfigError as e:
         raise ConfigError(f"{params}: {e}") from None
     companions = [companion_profile(profile, suffix) for suffix in profile.companions]
-    for p in [profile, *companions]:
+    points = axis_profiles(profile)
+    for p in [profile, *companions, *(q for _, q in points)]:
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", p.name):
             raise ConfigError(f"name: {p.name!r} must be a plain directory name (letters, digits, '_', '.', '-')")
         if not expand_grid(p):
@@ -127,7 +130,17 @@ def run_study(params: str | Path, outputs: Path, workers: int = 2, overrides: di
         _say(f"companion study {companion.name} (robustness variant of {profile.name})")
         rc = max(rc, _run_profile(companion, outputs, workers, progress, time.perf_counter(), ray_address, gpus_per_run,
                                   report=False))
+    for point, p in points:
+        _say(f"axis study {p.name} ({point.axis} axis of {profile.name}: {point.label})")
+        rc = max(rc, _run_profile(p, outputs, workers, progress, time.perf_counter(), ray_address, gpus_per_run,
+                                  report=False))
     study_dir = study_dir_of(profile, outputs)
+    if points or (study_dir / "axes.json").exists():
+        study_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(study_dir / "axes.json",
+                          [{"axis": point.axis, "label": point.label, "suffix": point.suffix, "name": p.name,
+                            "study_dir": str(study_dir_of(p, outputs)), "overrides": point.overrides}
+                           for point, p in points])
     if companions or (study_dir / "companions.json").exists():
         study_dir.mkdir(parents=True, exist_ok=True)
         write_json_atomic(study_dir / "companions.json",

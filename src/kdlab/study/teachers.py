@@ -138,7 +138,7 @@ class ModelStore:
 
         t0 = time.perf_counter()
         sft(model, mix, sched, desc=f"train {role}", progress=progress, start_step=start, optimizer=opt,
-            on_checkpoint=save_partial, checkpoint_every=checkpoint_every)
+            on_checkpoint=save_partial, checkpoint_every=checkpoint_every, until=pre.until or None)
         # Shipped and cached weights are bf16: distillation runs in bf16 and the teacher is frozen.
         model.to(torch.bfloat16)
         save_checkpoint(model, final, {"key": key, "train_s": round(time.perf_counter() - t0, 1)})
@@ -190,7 +190,7 @@ def models_to_train(profile: Profile, root: str | Path) -> list[str]:
     """The profile's models that are neither cached under ``root`` nor shipped, each as
     "<name> (<steps> steps)": what ``model_paths`` would train. Checks no hash."""
     manifest = shipped_manifest(SHIPPED_DIR)
-    return [f"{path.name} ({pre.steps} steps)" for _, _, pre, _, _, path in _planned(profile, ModelStore(root))
+    return [f"{path.name} ({f'{pre.until} of ' if pre.until else ''}{pre.steps} steps)" for _, _, pre, _, _, path in _planned(profile, ModelStore(root))
             if not (path / "config.json").exists() and path.name not in manifest]
 
 

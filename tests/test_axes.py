@@ -17,6 +17,7 @@ from kdlab.study.config import axis_points, axis_profiles, load_profile
 from kdlab.study.plan import AXES_NB, analysis_notebooks, expand_grid
 from kdlab.study.teachers import ModelStore
 
+from test_study import outputs_with_models, tiny_models  # noqa: F401 (session fixture)
 from test_teachers import PRE, SPEC, mixture
 
 
@@ -204,3 +205,75 @@ def test_point_rows_keep_the_low_rate_and_read_the_models_table():
     assert np.allclose(d["gain"], 0.2) and set(d["point"]) == {"p1"}
     t = point_table(d, "teachers")
     assert list(t.columns[:5]) == ["task", "point", "policy", "kl", "teacher_accuracy"] and (t["gain"] == 20).all()
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+
+def test_tiny_axes_study_runs_every_point_and_answers_in_its_report(tiny_models, tmp_path, repo_root):
+    """params/tiny-axes.yaml: its own study, a teacher checkpoint and a second student preset, each
+    a study of the grid's low-rate cells; section 94_axes reads them and writes the answer lines."""
+    import json
+    from pathlib import Path
+
+    import nbformat
+
+    from kdlab.study.plan import notebook_finished
+    from kdlab.study.runner import run_study
+
+    params = repo_root / "params" / "tiny-axes.yaml"
+    outputs = outputs_with_models(tmp_path / "out", tiny_models)
+    assert run_study(params, outputs, workers=2, overrides={"distill.steps": 2, "threads": 1}, progress=False) == 0
+    study = outputs / "tiny-axes"
+    points = json.loads((study / "axes.json").read_text())
+    assert [(p["axis"], p["label"], p["name"]) for p in points] == [
+        ("teachers", "step15", "tiny-axes-teachers-step15"), ("students", "student-s", "tiny-axes-students-student-s")]
+    teachers = {}
+    for folder in [study, *(Path(p["study_dir"]) for p in points)]:
+        df = pd.read_parquet(folder / "results.parquet")
+        assert len(df) == 8 and df["lr"].nunique() == 1  # 4 configurations x 2 seeds at the low rate
+        models = json.loads((folder / "models.json").read_text())
+        teachers[folder.name] = next(m for m in models if m["model"] == "teacher")
+    assert teachers["tiny-axes-teachers-step15"]["path"] != teachers["tiny-axes"]["path"]
+    assert teachers["tiny-axes-students-student-s"]["path"] == teachers["tiny-axes"]["path"]  # same teacher
+    nb = study / "analysis" / "94_axes.ipynb"
+    assert notebook_finished(nb)
+    assert not any(o.output_type == "error" for c in nbformat.read(nb, as_version=4).cells for o in c.get("outputs", []))
+    for axis, n in (("teachers", 8), ("students", 2)):
+        lines = pd.read_csv(study / "analysis" / "94_axes" / f"{axis}_answers.csv")
+        assert len(lines) == n and set(lines["verdict"]) <= {REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE}
+        assert (study / "analysis" / "94_axes" / f"{axis}.png").exists()
+    assert "Axes: teacher strength and student scale" in (study / "report.html").read_text()
+    assert not (Path(points[0]["study_dir"]) / "report.html").exists()  # shown in the axis study's report
+
+
+def test_the_axes_keys_work_with_a_pretrained_profile(tmp_path):
+    """A smoke test on tiny random Hugging Face checkpoints: a second student checkpoint as the
+    students axis's point, its own study of the low-rate grid, and section 94_axes reading both."""
+    import json
+
+    import yaml
+    from transformers import AutoTokenizer
+
+    from kdlab.study.runner import run_study
+    from test_study import ensure_kernel
+    from tiny_hf import build_checkpoint, write_real_profile
+
+    ensure_kernel()
+    path = write_real_profile(tmp_path / "data", "qwen2", name="hf-axes", tasks=["mc"], lambdas=[], seeds=[0, 1],
+                              low_rate_only=True)
+    data = yaml.safe_load(path.read_text())
+    tok = AutoTokenizer.from_pretrained(data["pretrained"]["student"])
+    other = build_checkpoint(tmp_path / "data" / "qwen2-student-b", "qwen2", "student", tok, seed=7)
+    data["axes"] = {"students": [{"path": str(other)}]}
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert run_study(path, tmp_path / "out", workers=2, progress=False) == 0
+    study = tmp_path / "out" / "hf-axes"
+    (point,) = json.loads((study / "axes.json").read_text())
+    assert point["label"] == "qwen2-student-b" and point["overrides"] == {"pretrained": {"student": str(other)}}
+    for folder in (study, tmp_path / "out" / point["name"]):
+        df = pd.read_parquet(folder / "results.parquet")
+        assert len(df) == 8 and df["lr"].nunique() == 1
+    b = pd.read_parquet(tmp_path / "out" / point["name"] / "results.parquet")
+    assert set(b["student_path"]) == {str(other)}
+    lines = pd.read_csv(study / "analysis" / "94_axes" / "students_answers.csv")
+    assert len(lines) == 2 and "size" in lines["claim"].iloc[0]

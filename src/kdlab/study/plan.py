@@ -215,13 +215,22 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _record(profile: Profile) -> dict[str, Any]:
+    """The profile as ``params.yaml`` keeps it: every setting, less an ``axes`` section without points
+    (a profile file that names an axis must list a point, and the record reads back as a profile)."""
+    data = to_dict(profile)
+    if not any(data["axes"].values()):
+        data.pop("axes")
+    return data
+
+
 def _check_params(study_dir: Path, profile: Profile) -> Path:
     """Keep the resolved profile as ``params.yaml``; refuse a rerun with other settings."""
     path = study_dir / "params.yaml"
-    new = to_dict(profile)
+    new = _record(profile)
     if path.exists():
         try:
-            old = to_dict(from_dict(Profile, read_yaml(path.read_text())))
+            old = _record(from_dict(Profile, read_yaml(path.read_text())))
         except (ConfigError, yaml.YAMLError) as e:
             raise ConfigError(f"{path} (the parameters this study was run with) cannot be read by this kdlab: {e}; "
                               f"name this study differently (--set name=...) or remove {study_dir}") from None

@@ -341,7 +341,7 @@ def test_rerun_redoes_only_what_is_missing(beyond_study):
     assert (study / "rlvr" / start.job_id / "metrics.json").exists()
 
 
-@pytest.mark.parametrize("name", ["11_rlvr", "90_coverage", "91_rlvr", "92_style", "93_robustness"])
+@pytest.mark.parametrize("name", ["11_rlvr", "90_coverage", "91_rlvr", "92_style", "93_robustness", "94_axes"])
 def test_new_notebooks_are_paired_parameterized_and_stored_without_outputs(name):
     import jupytext
 

@@ -216,10 +216,11 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _record(profile: Profile) -> dict[str, Any]:
-    """The profile as ``params.yaml`` keeps it: every setting, less an ``axes`` section without points
+    """The profile as ``params.yaml`` keeps it: every setting, less the axes without points
     (a profile file that names an axis must list a point, and the record reads back as a profile)."""
     data = to_dict(profile)
-    if not any(data["axes"].values()):
+    data["axes"] = {axis: points for axis, points in data["axes"].items() if points}
+    if not data["axes"]:
         data.pop("axes")
     return data
 

@@ -81,6 +81,10 @@ def test_extends_errors_name_the_key_or_file(tmp_path, files, needle):
     ("rlvr: {enabled: true, starts: [base, off/forward/0], seeds: [0, 7]}\n",
      "rlvr.seeds: [7] not in grid.seeds [0, 1]: the GRPO run of seed s starts from the distilled student of grid seed s"),
     ("style: {enabled: true}\ntrace: direct\n", "style.enabled"),
+    ("rlvr: {enabled: true, kl_reference: teacher}\n", "rlvr.kl_reference: 'teacher' needs rlvr.kl_coef > 0"),
+    ("rlvr: {enabled: true, kl_reference: teacher, kl_coef: 0.1, task: countdown-4}\n",
+     "needs a teacher of rlvr.task 'countdown-4'; the profile has teachers of ['countdown-3']"),
+    ("rlvr: {kl_reference: parent}\n", "rlvr.kl_reference: 'parent' is not a valid choice"),
 ])
 def test_bad_follow_up_settings_are_rejected_by_key(tmp_path, text, needle):
     with pytest.raises(ConfigError) as err:

@@ -20,6 +20,25 @@ def test_distill_then_rlvr_from_the_distilled_student(tmp_path, repo_root):
     assert len(hist) == 3 and all("reward_mean" in h for h in hist)
 
 
+def test_rlvr_with_a_kl_to_the_teacher_loads_the_tasks_teacher(tmp_path, repo_root):
+    """The joint objective (GRPO plus a KL-to-teacher term on the student's samples) from the base:
+    the run records the teacher it pulled towards, and the penalty is non-zero from the first step
+    (the base is not the teacher), where a penalty to the start is zero."""
+    from kdlab.study import materials
+    from kdlab.study.building import model_paths
+    from kdlab.study.config import load_profile
+
+    out = tmp_path / "o"
+    params = str(repo_root / "params" / "tiny.yaml")
+    sets = ["--set", "rlvr.kl_coef=0.1", "--set", "rlvr.kl_reference=teacher"]
+    assert main(["--outputs", str(out), "rlvr", params, "--start", "base", *sets]) == 0
+    r = json.loads((out / "tiny" / "rlvr" / "base_s0" / "metrics.json").read_text())
+    teacher = model_paths(load_profile(params), out / "models", progress=False)["countdown-3"]
+    assert r["kl_reference"] == "teacher" and r["kl_teacher_sha256"] == materials.model_id(teacher)
+    hist = json.loads((out / "tiny" / "rlvr" / "base_s0" / "history.json").read_text())
+    assert hist[0]["kl"] > 1e-3
+
+
 def test_bad_parameters_exit_2(tmp_path, repo_root, capsys):
     assert main(["--outputs", str(tmp_path), "distill", str(repo_root / "params" / "tiny.yaml"),
                  "--set", "distill.dtype=fp16"]) == 2

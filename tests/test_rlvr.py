@@ -196,6 +196,39 @@ def test_same_seed_same_history_other_seed_differs():
     assert one["history"][0]["kl"] == pytest.approx(0.0, abs=1e-6)
 
 
+def test_kl_to_the_teacher_is_the_penalty_to_the_given_model(monkeypatch):
+    """``kl_reference: teacher``: the k3 penalty is to the given model. A teacher equal to the start
+    gives the history of the usual penalty to the start; another teacher gives the k3 of
+    KL(policy || teacher) on the policy's samples, computed here from the logged tokens."""
+    import kdlab.engine.rlvr as rlvr
+
+    kw = dict(kl_coef=0.5, inner_epochs=1)
+    _, start = _run(3, **kw)
+
+    def with_reference(teacher, **k):
+        task = DigitTask()
+        pool = ProblemPool(task, "train", 32, seed=0)
+        model = build_model("llama", "nano", seed=0)
+        cfg = RLVRConfig(steps=3, prompts_per_step=4, group_size=4, lr=1e-2, seed=3, kl_reference="teacher", **kw)
+        test = task.problems("test", 4)
+        return grpo_train(model, task, cfg, pool, eval_fn=lambda m: accuracy(m, task, test), eval_every=2,
+                          progress=False, reference=teacher, **k)
+
+    same = with_reference(build_model("llama", "nano", seed=0).to(torch.bfloat16))  # the start as GRPO holds it
+    assert same["history"] == start["history"]
+    seen = []
+    real = rlvr.grpo_loss
+    monkeypatch.setattr(rlvr, "grpo_loss", lambda logp_new, logp_old, adv, mask, **k: seen.append(
+        (logp_new.detach(), k["logp_ref"], mask)) or real(logp_new, logp_old, adv, mask, **k))
+    other = with_reference(build_model("llama", "nano", seed=5))
+    lp, lr_, mask = seen[0]
+    d = (lr_ - lp)[mask]
+    k3 = float((d.exp() - 1 - d).mean())
+    assert other["history"][0]["kl"] == pytest.approx(k3, rel=1e-4) and k3 > 1e-3
+    with pytest.raises(ValueError, match="needs the teacher model"):
+        with_reference(None)
+
+
 def test_grpo_on_bf16_parameters_computes_in_fp32_on_a_cpu_and_updates_them_in_bf16(monkeypatch):
     """As distillation: the parameters and their update stay bf16 (no master copy), while sampling,
     the log-probs, the backward and the evaluation run on an fp32 copy reloaded after every update

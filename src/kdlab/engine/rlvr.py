@@ -250,8 +250,14 @@ def _sequence_logprobs(model: torch.nn.Module, prompts: torch.Tensor, prompt_mas
 
 def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: ProblemPool,
                eval_fn: Callable[[torch.nn.Module], float] | None = None, eval_every: int = 0,
-               progress: bool = True, desc: str = "grpo", codec=CHAR) -> dict[str, Any]:
+               progress: bool = True, desc: str = "grpo", codec=CHAR,
+               reference: torch.nn.Module | None = None) -> dict[str, Any]:
     """Train ``model`` in place (cast to ``cfg.dtype``) with GRPO on ``task``'s verifier.
+
+    The KL penalty (``cfg.kl_coef`` > 0) is to a frozen copy of the starting model, or with
+    ``cfg.kl_reference == "teacher"`` to ``reference`` (the task's teacher, sharing the codec's
+    vocabulary; moved in place to the compute dtype and the model's device, and frozen): the
+    k3 estimate of KL(policy || teacher) on the policy's own samples.
 
     ``codec`` (``kdlab.models.codec``) renders prompts, pads, stops and decodes, for sampling, the loss
     and evaluation alike (default: kdlab's char tokenizer; ``HFCodec`` for a real checkpoint).
@@ -289,7 +295,13 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
     max_new = cfg.max_new_tokens or task.max_new_tokens
     ref = None
     if cfg.kl_coef > 0:
-        ref = copy.deepcopy(work).eval()
+        if cfg.kl_reference == "teacher":
+            if reference is None:
+                raise ValueError("kl_reference 'teacher' needs the teacher model (reference=)")
+            w = next(work.parameters())
+            ref = reference.to(device=w.device, dtype=w.dtype).eval()
+        else:
+            ref = copy.deepcopy(work).eval()
         for p in ref.parameters():
             p.requires_grad_(False)
     trainer = Trainer(model.parameters(), cfg.lr, weight_decay=cfg.weight_decay, grad_clip=cfg.grad_clip)

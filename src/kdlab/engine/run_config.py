@@ -20,6 +20,7 @@ POLICIES = ("off", "on", "lambda")  # a run's rollout policy: "lambda" takes lam
 LAMBDA = dict(lo=-3.0, hi=3.0)  # the rule of a lambda-spectrum point
 HIDDEN_KLS = ("forward", "reverse")  # the kinds kdlab.core.head_kl computes from the teacher's hidden states
 NORMALISATIONS = ("sequence", "token")  # GRPO's loss normalisation (kdlab.engine.rlvr.grpo_loss)
+KL_REFERENCES = ("start", "teacher")  # what GRPO's KL penalty pulls towards (kdlab.engine.rlvr.grpo_train)
 
 
 def _compute_dtype():
@@ -121,7 +122,10 @@ class GRPOSettings:
 
     steps: optimisation rounds (each samples a fresh batch); prompts_per_step (P) problems per
     round with group_size (G) sampled responses each; lr: AdamW rate; clip_eps: PPO clip range;
-    kl_coef: weight of the k3 penalty to the starting model (0: no reference copy is kept);
+    kl_coef: weight of the k3 penalty (0: no reference model is kept); kl_reference: the model the
+    penalty is to, "start" (a frozen copy of the starting model, the usual GRPO penalty) or
+    "teacher" (the task's teacher: a KL-to-teacher term on the student's own samples, the
+    on-policy-distillation-plus-reward objective);
     temperature: sampling temperature (log-probs are taken at the same temperature);
     inner_epochs: optimiser steps per sampled batch (full batch each; >1 makes the ratio and
     clipping matter); dtype: parameter dtype, bf16 with no fp32 master copy as in
@@ -136,6 +140,7 @@ class GRPOSettings:
     lr: float = setting(1e-5, **LEARNING_RATE)
     clip_eps: float = setting(0.2, lo=1e-3, hi=1.0)
     kl_coef: float = setting(0.0, lo=0.0)
+    kl_reference: str = setting(KL_REFERENCES[0], choices=KL_REFERENCES)
     temperature: float = setting(1.0, lo=1e-3, hi=10.0)
     inner_epochs: int = setting(1, lo=1, bound="steps")
     dtype: str = setting("bf16", choices=DTYPES)

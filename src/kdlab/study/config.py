@@ -375,6 +375,14 @@ def validate_profile(p: Profile) -> Profile:
         if distilled and unpaired:
             raise ConfigError(f"rlvr.seeds: {unpaired} not in grid.seeds {p.grid.seeds}: the GRPO run of seed s starts "
                               f"from the distilled student of grid seed s (starts {distilled})")
+    if p.rlvr.kl_reference == "teacher":
+        if not p.rlvr.kl_coef > 0:
+            raise ConfigError(f"rlvr.kl_reference: 'teacher' needs rlvr.kl_coef > 0 (the weight of the KL-to-teacher "
+                              f"term), got {p.rlvr.kl_coef}")
+        with_teacher = [t.name for t in pre.tasks] if pre.student else _distilled_tasks(p)
+        if p.rlvr.task not in with_teacher:
+            raise ConfigError(f"rlvr.kl_reference: 'teacher' needs a teacher of rlvr.task {p.rlvr.task!r}; the profile "
+                              f"has teachers of {with_teacher} (its distilled tasks)")
     if p.style.enabled and p.trace not in ("steps", "search"):
         raise ConfigError(f"style.enabled: needs countdown traces in style 'steps' or 'search', got trace {p.trace!r}")
     if p.trace == "dfs":

@@ -299,14 +299,20 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=profile.data_seed)
     cfg = RLVRConfig(**{f.name: getattr(r, f.name) for f in fields(GRPOSettings)}, seed=seed)
     eval_problems = held_out(task, r.n_eval, seed=profile.data_seed)
+    reference = None
+    if r.kl_coef > 0 and r.kl_reference == "teacher":  # the task's teacher (config: rlvr.task has one)
+        teacher_dir = building.model_paths(profile, models_root, progress=progress)[r.task]
+        reference, _ = materials.load_model(profile, teacher_dir, "fp32")
+        info = {**(info or {}), "kl_teacher_sha256": materials.model_id(teacher_dir)}
     result = grpo_train(model, task, cfg, pool, eval_fn=lambda m: accuracy(m, task, eval_problems, codec=codec),
-                        eval_every=r.eval_every, progress=progress, codec=codec)
+                        eval_every=r.eval_every, progress=progress, codec=codec, reference=reference)
     evals = [h["accuracy"] for h in result["history"] if h.get("accuracy") is not None]
     metrics = {"start": str(start), "task": r.task, "seed": seed, "steps_done": len(result["history"]),
                "initial_accuracy": result["initial_accuracy"], "final_accuracy": result["final_accuracy"],
                "best_accuracy": max(evals) if evals else result["final_accuracy"],
                "collapsed": result["collapsed"], "collapse_step": result["collapse_step"], "nan": result["nan"],
-               "wall_s": result["wall_s"], "start_sha256": materials.model_id(start_dir), **(info or {})}
+               "wall_s": result["wall_s"], "start_sha256": materials.model_id(start_dir),
+               "kl_coef": r.kl_coef, "kl_reference": r.kl_reference, **(info or {})}
     tail = result["history"][-max(1, len(result["history"]) // 10):]
     metrics["final_reward"] = sum(h["reward_mean"] for h in tail) / len(tail) if tail else float("nan")
     metrics["final_length"] = sum(h["length"] for h in tail) / len(tail) if tail else float("nan")

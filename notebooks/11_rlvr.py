@@ -22,7 +22,7 @@
 params = "../params/tiny.yaml"  # profile YAML
 outputs = "../outputs"  # outputs root (models under outputs/models, the study under outputs/<name>)
 overrides = {}  # dotted-key overrides applied on top of params
-start = "base"  # an rlvr.starts entry: "base" or policy/kl/lr-index, e.g. "off/forward/0"
+start = "base"  # an rlvr.starts entry ("base" or policy/kl/lr-index, e.g. "off/forward/0") or a pipeline: rlvr-only, joint
 seed = 0
 out_dir = ""  # run directory; "" = outputs/<study>/rlvr/<start_id>_s<seed>
 threads = 0  # torch threads (0: leave torch's default)
@@ -55,7 +55,7 @@ if recorded:
     print("showing the metrics recorded by an earlier execution of this run")
 else:
     metrics = execute_rlvr(profile, start_checkpoint(study_dir, begin), run_dir, Path(outputs).resolve() / "models",
-                           seed=seed, progress=False, info=begin.info())
+                           seed=seed, progress=False, info=begin.info(), settings=dict(begin.settings))
 display(pd.DataFrame({"value": {k: v for k, v in metrics.items() if not isinstance(v, (list, dict))}}))
 
 # %% [markdown]

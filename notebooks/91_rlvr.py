@@ -51,3 +51,25 @@ else:
     png = figure_png(plot_rlvr_curves(history, smooth=smooth, summary=summary))
     (OUT / "curves.png").write_bytes(png)
     display(Image(data=png))
+
+# %% [markdown]
+# ## How distillation and RLVR combine (`pipelines`)
+# At equal training compute, counted in training sequences (a distillation step: `distill.batch_size`,
+# a GRPO step: `prompts_per_step` x `group_size`): GRPO from the distilled student
+# (`distill-rlvr`), GRPO alone from the base for as many sequences (`rlvr-only`), and GRPO plus
+# a KL-to-teacher term on the student's own samples from the base (`joint`); accuracy on the
+# RLVR task at the end and forgetting (probe mean at the end minus the student base's), points.
+
+# %%
+from kdlab.analysis.pipelines import pipeline_answers, pipeline_rows, pipeline_table
+
+pipes = pipeline_rows(summary)
+if pipes.empty:
+    display(Markdown("This study runs no pipelines (`pipelines.enabled`)."))
+else:
+    ptable = pipeline_table(pipes)
+    ptable.to_csv(OUT / "pipelines.csv")
+    display(ptable)
+    answers = pipeline_answers(pipes)
+    answers.to_csv(OUT / "pipelines_answers.csv", index=False)
+    display(Markdown("\n".join(f"- **{r.claim}**: {r.line} ({r.rule})" for r in answers.itertuples())))

@@ -51,7 +51,8 @@ def load_rlvr(study_dir: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     folder), ``label``, ``seed`` and the step's fields. Both empty when the study has none."""
     rows, hist = [], []
     for folder, m in _rows(resolve_path(study_dir) / "rlvr"):
-        label = start_label(m.get("start_policy", "base"), m.get("start_kl", ""), m.get("start_lr"))
+        label = (f"pipeline {m['pipeline']}" if m.get("pipeline") in ("rlvr-only", "joint")  # GRPO from the base, longer
+                 else start_label(m.get("start_policy", "base"), m.get("start_kl", ""), m.get("start_lr")))
         row = {"job": folder.name, "label": label, **{k: v for k, v in m.items() if not isinstance(v, (list, dict))}}
         path = folder / "history.json"
         steps = json.loads(path.read_text()) if path.exists() else []

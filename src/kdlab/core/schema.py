@@ -20,6 +20,7 @@ LOSS_KINDS = ("forward", "reverse", "jsd", "k1", "k2", "k3", SCORE_FUNCTION)
 DTYPES = ("bf16", "fp32")
 # a toy model's pretraining arithmetic: bf16 autocast over fp32 weights (the first, the default), or fp32
 PRETRAIN_ARITHMETIC = ("bf16", "fp32")
+PIPELINES = ("rlvr-only", "distill-rlvr", "joint")  # how distillation and RLVR combine (kdlab.study.followups)
 # Real models kdlab imports from a package of the registry (kdlab.study.recipes), by name.
 IMPORTABLE = ("smollm2",)
 # A task teacher kdlab builds by supervised fine-tuning of the student's base (kdlab.study.recipes).

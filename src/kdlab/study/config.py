@@ -162,6 +162,36 @@ class StyleSpec:
 
 
 @dataclass
+class PipelinesSpec:
+    """How distillation and RLVR combine, at equal training compute (issue 42; needs rlvr.enabled).
+    Per rlvr seed, three pipelines end on rlvr.task: ``distill-rlvr``, the ``distilled`` start's
+    GRPO (rlvr.steps after the grid's distillation); ``rlvr-only``, GRPO from the student base for
+    rlvr.steps plus the distillation's compute; ``joint``, as long, GRPO with a KL-to-teacher term
+    of weight ``joint_kl_coef`` on the student's own samples (rlvr.kl_reference 'teacher'). Compute
+    is counted in training sequences: a distillation step trains on distill.batch_size of them, a
+    GRPO step on prompts_per_step x group_size, so the distillation stage is worth
+    distill.steps x batch_size / (prompts_per_step x group_size) GRPO steps (a whole number, or
+    the profile is refused). Every pipeline run also reads the forgetting set at its end."""
+    enabled: bool = _f(False)
+    distilled: str = _f("on/reverse/0", doc="the distillation stage of distill-rlvr: an rlvr.starts entry "
+                        "(policy/kl/lr-index); it joins rlvr.starts")
+    joint_kl_coef: float = _f(0.1, lo=0.0, doc="weight of the joint objective's KL-to-teacher term (> 0)")
+
+
+def matched_steps(p: Profile) -> int:
+    """GRPO steps of the pipelines that start from the base: rlvr.steps plus the distillation
+    stage's training sequences in GRPO steps (``PipelinesSpec``); ConfigError when they are not a
+    whole number of steps."""
+    sequences = p.distill.steps * p.distill.batch_size
+    per_step = p.rlvr.prompts_per_step * p.rlvr.group_size
+    if sequences % per_step:
+        raise ConfigError(f"pipelines: the distillation stage's {sequences} training sequences (distill.steps "
+                          f"{p.distill.steps} x batch_size {p.distill.batch_size}) are not a whole number of GRPO "
+                          f"steps of {per_step} (rlvr.prompts_per_step x group_size): the compute cannot be matched")
+    return p.rlvr.steps + sequences // per_step
+
+
+@dataclass
 class TeacherPoint:
     """A point of the teachers axis: a teacher of the grid's tasks other than the profile's own."""
     size: str = _f("", doc="a preset of kdlab.core.schema.PRESETS (e.g. a larger teacher); '' = teacher.size")
@@ -278,6 +308,7 @@ class Profile:
     rlvr: RLVRSpec = _f(factory=RLVRSpec)
     style: StyleSpec = _f(factory=StyleSpec)
     axes: AxesSpec = _f(factory=AxesSpec)
+    pipelines: PipelinesSpec = _f(factory=PipelinesSpec)
     data_seed: int = _f(RunConfig.data_seed, lo=0)
     threads: int = _f(0, lo=0, doc="torch threads per run; 0 = choose from cores and workers")
     companions: dict[str, Any] = _f(factory=dict, doc="robustness variants: {suffix: overrides}; each runs this "
@@ -375,6 +406,8 @@ def validate_profile(p: Profile) -> Profile:
         if distilled and unpaired:
             raise ConfigError(f"rlvr.seeds: {unpaired} not in grid.seeds {p.grid.seeds}: the GRPO run of seed s starts "
                               f"from the distilled student of grid seed s (starts {distilled})")
+    if p.pipelines.enabled:
+        _check_pipelines(p, pre)
     if p.rlvr.kl_reference == "teacher":
         if not p.rlvr.kl_coef > 0:
             raise ConfigError(f"rlvr.kl_reference: 'teacher' needs rlvr.kl_coef > 0 (the weight of the KL-to-teacher "
@@ -400,6 +433,28 @@ def validate_profile(p: Profile) -> Profile:
         companion_profile(p, suffix)
     axis_profiles(p)
     return p
+
+
+def _check_pipelines(p: Profile, pre: PretrainedSpec) -> None:
+    """``pipelines``: the RLVR follow-up on, a distilled start of the grid, a teacher of rlvr.task
+    for the joint objective, a KL weight > 0 and a compute that can be matched."""
+    if not p.rlvr.enabled:
+        raise ConfigError("pipelines.enabled: the pipelines end with GRPO; set rlvr.enabled: true")
+    if parse_start(p, p.pipelines.distilled) is None:
+        raise ConfigError(f"pipelines.distilled: {p.pipelines.distilled!r} must name a distilled run "
+                          "(policy/kl/lr-index), not the base")
+    with_teacher = [t.name for t in pre.tasks] if pre.student else _distilled_tasks(p)
+    if p.rlvr.task not in with_teacher:
+        raise ConfigError(f"pipelines: the joint objective needs a teacher of rlvr.task {p.rlvr.task!r}; the profile "
+                          f"has teachers of {with_teacher}")
+    unpaired = [s for s in p.rlvr.seeds if s not in p.grid.seeds]
+    if unpaired:
+        raise ConfigError(f"rlvr.seeds: {unpaired} not in grid.seeds {p.grid.seeds}: the distill-rlvr pipeline of "
+                          f"seed s starts from the distilled student of grid seed s")
+    if not p.pipelines.joint_kl_coef > 0:
+        raise ConfigError(f"pipelines.joint_kl_coef: must be > 0 (the weight of the KL-to-teacher term), "
+                          f"got {p.pipelines.joint_kl_coef}")
+    matched_steps(p)
 
 
 def _check_task_lrs(g: GridSpec, tasks: list[str]) -> None:
@@ -464,7 +519,7 @@ def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 # What a companion study never runs: its sections compare its main grid with this study's.
 COMPANION_OFF = {"rlvr": {"enabled": False}, "style": {"enabled": False}, "grid": {"lambdas": []},
-                 "axes": {"teachers": [], "students": []}}
+                 "axes": {"teachers": [], "students": []}, "pipelines": {"enabled": False}}
 
 
 def companion_profile(profile: Profile, suffix: str, over: dict[str, Any] | None = None) -> Profile:

@@ -17,15 +17,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Profile, parse_start
+from .config import Profile, matched_steps, parse_start
 from ..engine.run_config import RunConfig
 from .contract import run_config
 
 
 @dataclass(frozen=True)
 class RLVRStart:
-    """One GRPO run of the follow-up: ``spec`` as written in ``rlvr.starts``, ``run_id`` of the
-    distilled run it starts from (None for the base), its policy / kl / lr (None for the base)."""
+    """One GRPO run of the follow-up: ``spec`` as written in ``rlvr.starts`` (or a pipeline's name,
+    ``rlvr-only`` / ``joint``), ``run_id`` of the distilled run it starts from (None for the base),
+    its policy / kl / lr (None for the base), the ``pipeline`` it is a part of (``PIPELINES``; None
+    outside ``pipelines``) and ``settings``, the GRPO settings it runs with other than ``rlvr``'s
+    ((field, value) pairs)."""
 
     spec: str
     seed: int
@@ -33,11 +36,13 @@ class RLVRStart:
     policy: str | None = None
     kl: str | None = None
     lr: float | None = None
+    pipeline: str | None = None
+    settings: tuple = ()
 
     @property
     def start_id(self) -> str:
-        """``base`` or the start run's id."""
-        return self.run_id or "base"
+        """``base``, the start run's id, or the pipeline's name for a pipeline from the base."""
+        return self.run_id or (self.pipeline if self.settings else None) or "base"
 
     @property
     def job_id(self) -> str:
@@ -47,24 +52,42 @@ class RLVRStart:
     def info(self) -> dict[str, object]:
         """What the GRPO run's metrics.json records about its start."""
         return {"start_spec": self.spec, "start_id": self.start_id, "start_policy": self.policy or "base",
-                "start_kl": self.kl or "none", "start_lr": self.lr, "start_run": self.run_id}
+                "start_kl": self.kl or "none", "start_lr": self.lr, "start_run": self.run_id,
+                **({"pipeline": self.pipeline} if self.pipeline else {})}
+
+
+def pipeline_settings(profile: Profile, name: str) -> tuple:
+    """The GRPO settings of a pipeline from the base (``PipelinesSpec``): the matched steps and,
+    for ``joint``, the KL-to-teacher term."""
+    steps = ("steps", matched_steps(profile))
+    if name == "joint":
+        return (steps, ("kl_reference", "teacher"), ("kl_coef", profile.pipelines.joint_kl_coef))
+    return (steps,)
 
 
 def rlvr_start(profile: Profile, spec: str, seed: int) -> RLVRStart:
-    """The ``RLVRStart`` of one ``rlvr.starts`` entry (ConfigError naming a bad entry)."""
+    """The ``RLVRStart`` of one ``rlvr.starts`` entry or pipeline name (ConfigError naming a bad entry)."""
+    pipes = profile.pipelines
+    if pipes.enabled and spec in ("rlvr-only", "joint"):
+        return RLVRStart(spec, seed, None, pipeline=spec, settings=pipeline_settings(profile, spec))
     parsed = parse_start(profile, spec)
     if parsed is None:
         return RLVRStart(spec, seed, None)
     policy, kl, lr = parsed
     cfg = run_config(profile, task=profile.grid.tasks[0], policy=policy, kl=kl, lr=lr, seed=seed)
-    return RLVRStart(spec, seed, cfg.run_id, policy, kl, lr)
+    pipeline = "distill-rlvr" if pipes.enabled and spec == pipes.distilled else None
+    return RLVRStart(spec, seed, cfg.run_id, policy, kl, lr, pipeline=pipeline)
 
 
 def rlvr_starts(profile: Profile) -> list[RLVRStart]:
-    """Every GRPO run of the follow-up ([] when ``rlvr.enabled`` is false), starts x seeds."""
+    """Every GRPO run of the follow-up ([] when ``rlvr.enabled`` is false), starts x seeds, then
+    the pipelines' (``pipelines.enabled``: the distilled start joins the starts; rlvr-only and joint)."""
     if not profile.rlvr.enabled:
         return []
-    return [rlvr_start(profile, spec, seed) for spec in dict.fromkeys(profile.rlvr.starts) for seed in profile.rlvr.seeds]
+    specs = list(dict.fromkeys(profile.rlvr.starts))
+    if profile.pipelines.enabled:
+        specs += [s for s in (profile.pipelines.distilled, "rlvr-only", "joint") if s not in specs]
+    return [rlvr_start(profile, spec, seed) for spec in specs for seed in profile.rlvr.seeds]
 
 
 def students_to_save(profile: Profile) -> set[str]:

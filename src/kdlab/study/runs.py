@@ -282,13 +282,17 @@ def execute_run(contract: RunContract, progress: bool = True, train_missing: boo
 
 
 def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, models_root: str | Path, seed: int = 0,
-                 progress: bool = True, info: dict[str, Any] | None = None) -> dict[str, Any]:
+                 progress: bool = True, info: dict[str, Any] | None = None,
+                 settings: dict[str, Any] | None = None) -> dict[str, Any]:
     """GRPO (``kdlab.engine.rlvr``) from a checkpoint with ``profile.rlvr`` settings; writes
     ``out_dir/{history.json,metrics.json}`` (metrics last). ``start`` is a checkpoint directory
     (e.g. a distilled run's ``student/``, saved with ``kdlab distill --save-student``) or "base"
     for the profile's student base. ``info`` (e.g. the start's label, policy, kl, lr) is merged
     into the metrics. ``final_reward`` / ``final_length`` are the mean reward and response length
-    (tokens) over the last tenth of the steps (at least one)."""
+    (tokens) over the last tenth of the steps (at least one). ``settings``: GRPO settings other than
+    ``rlvr``'s (a pipeline's steps and KL-to-teacher term, ``kdlab.study.followups.pipeline_settings``).
+    With ``pipelines.enabled`` the run also reads the forgetting set at its end: ``probe_mean``,
+    ``base_probe_mean`` (the student base's) and ``forgetting``, their difference."""
 
     out_dir = Path(out_dir)
     r = profile.rlvr
@@ -297,10 +301,10 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
     model, codec = materials.load_model(profile, start_dir, "fp32", train=True)  # grpo_train casts to rlvr.dtype
     task = materials.target_task(profile, r.task)
     pool = ProblemPool(task, "train", TRAIN_POOL, seed=profile.data_seed)
-    cfg = RLVRConfig(**{f.name: getattr(r, f.name) for f in fields(GRPOSettings)}, seed=seed)
+    cfg = RLVRConfig(**{**{f.name: getattr(r, f.name) for f in fields(GRPOSettings)}, **(settings or {})}, seed=seed)
     eval_problems = held_out(task, r.n_eval, seed=profile.data_seed)
     reference = None
-    if r.kl_coef > 0 and r.kl_reference == "teacher":  # the task's teacher (config: rlvr.task has one)
+    if cfg.kl_coef > 0 and cfg.kl_reference == "teacher":  # the task's teacher (config: rlvr.task has one)
         teacher_dir = building.model_paths(profile, models_root, progress=progress)[r.task]
         reference, _ = materials.load_model(profile, teacher_dir, "fp32")
         info = {**(info or {}), "kl_teacher_sha256": materials.model_id(teacher_dir)}
@@ -312,7 +316,17 @@ def execute_rlvr(profile: Profile, start: str | Path, out_dir: str | Path, model
                "best_accuracy": max(evals) if evals else result["final_accuracy"],
                "collapsed": result["collapsed"], "collapse_step": result["collapse_step"], "nan": result["nan"],
                "wall_s": result["wall_s"], "start_sha256": materials.model_id(start_dir),
-               "kl_coef": r.kl_coef, "kl_reference": r.kl_reference, **(info or {})}
+               "kl_coef": cfg.kl_coef, "kl_reference": cfg.kl_reference, "grpo_steps": cfg.steps, **(info or {})}
+    if profile.pipelines.enabled:  # the pipelines' cost in forgetting, against the student base
+        sets = materials.forgetting_sets(profile)
+        base_dir = building.model_paths(profile, models_root, progress=progress)["student"]
+        base, _ = materials.load_model(profile, base_dir, "fp32")
+        model.float()  # evaluated in fp32 as the base is (the run's bf16 parameters are exact in fp32)
+        end = [accuracy(model, t, problems, codec=codec) for _, t, problems in sets]
+        begin = [accuracy(base, t, problems, codec=codec) for _, t, problems in sets]
+        metrics["probe_mean"] = sum(end) / len(end) if end else float("nan")
+        metrics["base_probe_mean"] = sum(begin) / len(begin) if begin else float("nan")
+        metrics["forgetting"] = metrics["probe_mean"] - metrics["base_probe_mean"]
     tail = result["history"][-max(1, len(result["history"]) // 10):]
     metrics["final_reward"] = sum(h["reward_mean"] for h in tail) / len(tail) if tail else float("nan")
     metrics["final_length"] = sum(h["length"] for h in tail) / len(tail) if tail else float("nan")

@@ -47,6 +47,9 @@ def profile(tmp_path, repo_root, text):
     ("axes: {students: [{size: student-s}]}\n", "a point equal to the profile's own student"),
     ("axes: {students: [{path: /models/x}]}\n", "a path is for a pretrained profile"),
     ("axes: {teachers: [{chekpoint: 3}]}\n", "unknown key 'axes.teachers[0].chekpoint'"),
+    ("axes: {teachers: [{arithmetic: fp16}]}\n", "axes.teachers[0].arithmetic: 'fp16' is not a valid choice"),
+    ("axes: {teachers: [{arithmetic: bf16}]}\n", "a point equal to the profile's own teacher"),
+    ("axes: {students: [{size: student-s, arithmetic: bf16}]}\n", "a point equal to the profile's own student"),
     ("teacher_pretrain: {until: 8001}\n", "teacher_pretrain.until: step 8001 is past the training of the teacher of "
                                           "countdown-3 (8000 steps)"),
     ("student_pretrain: {until: 3001}\n", "student_pretrain.until: step 3001 is past the training of the student base"),
@@ -79,6 +82,28 @@ def test_axis_points_are_studies_of_the_main_grid_at_the_low_rate(tmp_path, repo
     assert AXES_NB in analysis_notebooks(p) and AXES_NB not in analysis_notebooks(quick)
 
 
+def test_a_point_may_name_its_pretraining_arithmetic(tmp_path, repo_root):
+    """``arithmetic`` on a point overrides the profile's pretraining arithmetic for that model only
+    (its own model key, its own label); the profile's own models keep theirs."""
+    p = profile(tmp_path, repo_root, "axes: {teachers: [{checkpoint: 1000, arithmetic: fp32}, {arithmetic: fp32}], "
+                                     "students: [{size: nano, arithmetic: fp32}, {size: student-s, arithmetic: fp32}]}\n")
+    got = {pt.suffix: pt.overrides for pt in axis_points(p)}
+    assert got == {"teachers-step1000-fp32": {"teacher_pretrain": {"until": 1000, "arithmetic": "fp32"}},
+                   "teachers-fp32": {"teacher_pretrain": {"arithmetic": "fp32"}},
+                   "students-nano-fp32": {"student": {"size": "nano"}, "student_pretrain": {"arithmetic": "fp32"}},
+                   "students-fp32": {"student_pretrain": {"arithmetic": "fp32"}}}
+    studies = {pt.suffix: q for pt, q in axis_profiles(p)}
+    assert studies["teachers-step1000-fp32"].teacher_pretrain.arithmetic == "fp32"
+    assert studies["teachers-step1000-fp32"].student_pretrain == p.student_pretrain  # the student base is shared
+    assert studies["students-nano-fp32"].teacher_pretrain == p.teacher_pretrain
+    assert p.teacher_pretrain.arithmetic == p.student_pretrain.arithmetic == "bf16"
+    # the fp32 checkpoint is a model of its own, not the bf16 one
+    fp32 = studies["teachers-step1000-fp32"]
+    keys = {model_key("teacher", q.teacher, q.teacher_pretrain, [], q.trace)["pretrain"].get("arithmetic")
+            for q in (p, fp32)}
+    assert keys == {None, "fp32"}
+
+
 def test_a_pretrained_profile_takes_checkpoint_paths_as_points(tmp_path, repo_root):
     real = ("name: r\npretrained:\n  student: /m/student\n  probes: true\n"
             "  tasks: [{name: countdown-3, kind: countdown, teacher: /m/teacher}]\n"
@@ -88,7 +113,8 @@ def test_a_pretrained_profile_takes_checkpoint_paths_as_points(tmp_path, repo_ro
     assert pts["students-s2"] == {"pretrained": {"student": "/m/s2/"}}
     assert [t["teacher"] for t in pts["teachers-teacher-big"]["pretrained"]["tasks"]] == ["/m/teacher-big"]
     for bad, needle in (("axes: {teachers: [{size: teacher-s}]}\n", "give its path"),
-                        ("axes: {students: [{path: /m/student}]}\n", "a point equal to the profile's own student")):
+                        ("axes: {students: [{path: /m/student}]}\n", "a point equal to the profile's own student"),
+                        ("axes: {students: [{path: /m/s2, arithmetic: fp32}]}\n", "give its path")):
         with pytest.raises(ConfigError) as err:
             load_profile(write(tmp_path, real + bad))
         assert needle in str(err.value)

@@ -198,6 +198,8 @@ class TeacherPoint:
     checkpoint: int = _f(0, lo=0, bound="steps", doc="the teacher's training stopped at this step, its schedule "
                          "unchanged (teacher_pretrain.until: a checkpoint of that training); 0 = the whole training")
     path: str = _f("", doc="a pretrained profile: the local HF checkpoint of the teacher of every grid task")
+    arithmetic: str = _f("", choices=("",) + PRETRAIN_ARITHMETIC, doc="the teacher's pretraining arithmetic "
+                         "(fp32: the cheap one on a CPU without native bf16); '' = teacher_pretrain.arithmetic")
 
 
 @dataclass
@@ -205,6 +207,8 @@ class StudentPoint:
     """A point of the students axis: a student preset with its own base, built with student_pretrain."""
     size: str = _f("", doc="a preset of kdlab.core.schema.PRESETS")
     path: str = _f("", doc="a pretrained profile: the local HF checkpoint of the student base")
+    arithmetic: str = _f("", choices=("",) + PRETRAIN_ARITHMETIC, doc="the base's pretraining arithmetic "
+                         "(fp32: the cheap one on a CPU without native bf16); '' = student_pretrain.arithmetic")
 
 
 @dataclass
@@ -557,8 +561,9 @@ class AxisPoint:
         return f"{self.axis}-{self.label}"
 
 
-def _point_label(size: str, checkpoint: int = 0) -> str:
-    return "-".join(([size] if size else []) + ([f"step{checkpoint}"] if checkpoint else [])) or "own"
+def _point_label(size: str, checkpoint: int = 0, arithmetic: str = "") -> str:
+    parts = ([size] if size else []) + ([f"step{checkpoint}"] if checkpoint else []) + ([arithmetic] if arithmetic else [])
+    return "-".join(parts) or "own"
 
 
 def axis_points(p: Profile) -> list[AxisPoint]:
@@ -571,9 +576,9 @@ def axis_points(p: Profile) -> list[AxisPoint]:
     for i, t in enumerate(p.axes.teachers):
         key = f"axes.teachers[{i}]"
         if real:
-            if t.size or t.checkpoint or not t.path:
+            if t.size or t.checkpoint or t.arithmetic or not t.path:
                 raise ConfigError(f"{key}: a pretrained profile's teacher is a checkpoint directory: give its path "
-                                  f"(size and checkpoint are for kdlab's toy teachers)")
+                                  f"(size, checkpoint and arithmetic are for kdlab's toy teachers)")
             tasks = [{**dataclasses.asdict(task), "teacher": t.path} for task in p.pretrained.tasks]
             out.append(AxisPoint("teachers", _path_label(t.path), {"pretrained": {"tasks": tasks}}))
             continue
@@ -591,15 +596,17 @@ def axis_points(p: Profile) -> list[AxisPoint]:
         over: dict[str, Any] = {}
         if size != p.teacher.size:
             over["teacher"] = {"size": size}
-        if t.checkpoint:
-            over["teacher_pretrain"] = {"until": t.checkpoint}
-        out.append(AxisPoint("teachers", _point_label(size if size != p.teacher.size else "", t.checkpoint), over))
+        arith = t.arithmetic if t.arithmetic and t.arithmetic != p.teacher_pretrain.arithmetic else ""
+        pre = {**({"until": t.checkpoint} if t.checkpoint else {}), **({"arithmetic": arith} if arith else {})}
+        if pre:
+            over["teacher_pretrain"] = pre
+        out.append(AxisPoint("teachers", _point_label(size if size != p.teacher.size else "", t.checkpoint, arith), over))
     for i, st in enumerate(p.axes.students):
         key = f"axes.students[{i}]"
         if real:
-            if st.size or not st.path:
+            if st.size or st.arithmetic or not st.path:
                 raise ConfigError(f"{key}: a pretrained profile's student is a checkpoint directory: give its path "
-                                  "(size is for kdlab's toy students)")
+                                  "(size and arithmetic are for kdlab's toy students)")
             out.append(AxisPoint("students", _path_label(st.path), {"pretrained": {"student": st.path}}))
             continue
         if st.path:
@@ -608,7 +615,10 @@ def axis_points(p: Profile) -> list[AxisPoint]:
         if st.size not in PRESETS:
             raise ConfigError(f"{key}.size: {st.size!r} is not a valid choice; choose from {sorted(PRESETS)}")
         over = {"student": {"size": st.size}} if st.size != p.student.size else {}
-        out.append(AxisPoint("students", st.size if over else "own", over))
+        arith = st.arithmetic if st.arithmetic and st.arithmetic != p.student_pretrain.arithmetic else ""
+        if arith:
+            over["student_pretrain"] = {"arithmetic": arith}
+        out.append(AxisPoint("students", _point_label(st.size if st.size != p.student.size else "", 0, arith), over))
     seen: dict[str, int] = {}
     for point in out:
         same = (point.overrides == {"pretrained": {"student": p.pretrained.student}} or point.overrides ==

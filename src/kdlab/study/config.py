@@ -566,6 +566,11 @@ def _point_label(size: str, checkpoint: int = 0, arithmetic: str = "") -> str:
     return "-".join(parts) or "own"
 
 
+def _other_arithmetic(point: str, own: str) -> str:
+    """A point's pretraining arithmetic when it differs from the profile's, else ''."""
+    return point if point and point != own else ""
+
+
 def axis_points(p: Profile) -> list[AxisPoint]:
     """The studies of the profile's axes, in order (the profile's own study is each axis's first
     point and is not listed). Refuses (``ConfigError``) a preset that does not exist, a checkpoint
@@ -596,7 +601,7 @@ def axis_points(p: Profile) -> list[AxisPoint]:
         over: dict[str, Any] = {}
         if size != p.teacher.size:
             over["teacher"] = {"size": size}
-        arith = t.arithmetic if t.arithmetic and t.arithmetic != p.teacher_pretrain.arithmetic else ""
+        arith = _other_arithmetic(t.arithmetic, p.teacher_pretrain.arithmetic)
         pre = {**({"until": t.checkpoint} if t.checkpoint else {}), **({"arithmetic": arith} if arith else {})}
         if pre:
             over["teacher_pretrain"] = pre
@@ -615,7 +620,7 @@ def axis_points(p: Profile) -> list[AxisPoint]:
         if st.size not in PRESETS:
             raise ConfigError(f"{key}.size: {st.size!r} is not a valid choice; choose from {sorted(PRESETS)}")
         over = {"student": {"size": st.size}} if st.size != p.student.size else {}
-        arith = st.arithmetic if st.arithmetic and st.arithmetic != p.student_pretrain.arithmetic else ""
+        arith = _other_arithmetic(st.arithmetic, p.student_pretrain.arithmetic)
         if arith:
             over["student_pretrain"] = {"arithmetic": arith}
         out.append(AxisPoint("students", _point_label(st.size if st.size != p.student.size else "", 0, arith), over))

@@ -50,6 +50,9 @@ def profile(tmp_path, repo_root, text):
     ("axes: {teachers: [{arithmetic: fp16}]}\n", "axes.teachers[0].arithmetic: 'fp16' is not a valid choice"),
     ("axes: {teachers: [{arithmetic: bf16}]}\n", "a point equal to the profile's own teacher"),
     ("axes: {students: [{size: student-s, arithmetic: bf16}]}\n", "a point equal to the profile's own student"),
+    ("axes: {students: [{size: student-s, steps: 3000, lr: 0.002}]}\n", "a point equal to the profile's own student"),
+    ("axes: {students: [{size: nano, steps: -1}]}\n", "axes.students[0].steps"),
+    ("axes: {students: [{size: nano, lr: 2}]}\n", "axes.students[0].lr"),
     ("teacher_pretrain: {until: 8001}\n", "teacher_pretrain.until: step 8001 is past the training of the teacher of "
                                           "countdown-3 (8000 steps)"),
     ("student_pretrain: {until: 3001}\n", "student_pretrain.until: step 3001 is past the training of the student base"),
@@ -104,6 +107,26 @@ def test_a_point_may_name_its_pretraining_arithmetic(tmp_path, repo_root):
     assert keys == {None, "fp32"}
 
 
+def test_a_student_point_may_name_its_own_pretraining_recipe(tmp_path, repo_root):
+    """``steps`` / ``lr`` on a student point override student_pretrain's for that base only: a model
+    of its own (its key), a label naming them, the profile's own base and the teacher unchanged."""
+    p = profile(tmp_path, repo_root, "axes: {students: [{size: student-m, arithmetic: fp32, lr: 0.001}, "
+                                     "{size: nano, arithmetic: fp32, steps: 9000}, {size: student-s, lr: 0.004}]}\n")
+    got = {pt.suffix: pt.overrides for pt in axis_points(p)}
+    assert got == {"students-student-m-fp32-lr0.001": {"student": {"size": "student-m"},
+                                                         "student_pretrain": {"arithmetic": "fp32", "lr": 0.001}},
+                   "students-nano-fp32-steps9000": {"student": {"size": "nano"},
+                                                     "student_pretrain": {"arithmetic": "fp32", "steps": 9000}},
+                   "students-lr0.004": {"student_pretrain": {"lr": 0.004}}}
+    studies = {pt.suffix: q for pt, q in axis_profiles(p)}
+    m = studies["students-student-m-fp32-lr0.001"]
+    assert (m.student_pretrain.lr, m.student_pretrain.steps) == (0.001, p.student_pretrain.steps)
+    assert studies["students-nano-fp32-steps9000"].student_pretrain.steps == 9000
+    assert m.teacher_pretrain == p.teacher_pretrain and p.student_pretrain.lr == 2e-3
+    keys = {model_key("student", q.student, q.student_pretrain, [], q.trace)["pretrain"]["lr"] for q in (p, m)}
+    assert keys == {2e-3, 1e-3}
+
+
 def test_a_pretrained_profile_takes_checkpoint_paths_as_points(tmp_path, repo_root):
     real = ("name: r\npretrained:\n  student: /m/student\n  probes: true\n"
             "  tasks: [{name: countdown-3, kind: countdown, teacher: /m/teacher}]\n"
@@ -114,7 +137,8 @@ def test_a_pretrained_profile_takes_checkpoint_paths_as_points(tmp_path, repo_ro
     assert [t["teacher"] for t in pts["teachers-teacher-big"]["pretrained"]["tasks"]] == ["/m/teacher-big"]
     for bad, needle in (("axes: {teachers: [{size: teacher-s}]}\n", "give its path"),
                         ("axes: {students: [{path: /m/student}]}\n", "a point equal to the profile's own student"),
-                        ("axes: {students: [{path: /m/s2, arithmetic: fp32}]}\n", "give its path")):
+                        ("axes: {students: [{path: /m/s2, arithmetic: fp32}]}\n", "give its path"),
+                        ("axes: {students: [{path: /m/s2, lr: 0.001}]}\n", "give its path")):
         with pytest.raises(ConfigError) as err:
             load_profile(write(tmp_path, real + bad))
         assert needle in str(err.value)

@@ -29,6 +29,7 @@ SFT_TEACHER = "sft"
 FAMILIES = ("llama", "qwen2")
 PRESETS: dict[str, dict[str, int]] = {
     "nano": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2, intermediate_size=192),
+    "student-xs": dict(hidden_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=288),
     "student-s": dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=384),
     "student-m": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=576),
     "teacher-xs": dict(hidden_size=192, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4, intermediate_size=576),

@@ -209,6 +209,9 @@ class StudentPoint:
     path: str = _f("", doc="a pretrained profile: the local HF checkpoint of the student base")
     arithmetic: str = _f("", choices=("",) + PRETRAIN_ARITHMETIC, doc="the base's pretraining arithmetic "
                          "(fp32: the cheap one on a CPU without native bf16); '' = student_pretrain.arithmetic")
+    steps: int = _f(0, lo=0, bound="steps", doc="the base's pretraining steps, when its size needs its own recipe to "
+                    "learn the formats (docs/calibration.md 31); 0 = student_pretrain.steps")
+    lr: float = _f(0.0, lo=0.0, hi=1.0, doc="the base's pretraining peak rate, likewise; 0 = student_pretrain.lr")
 
 
 @dataclass
@@ -561,9 +564,9 @@ class AxisPoint:
         return f"{self.axis}-{self.label}"
 
 
-def _point_label(size: str, checkpoint: int = 0, arithmetic: str = "") -> str:
-    parts = ([size] if size else []) + ([f"step{checkpoint}"] if checkpoint else []) + ([arithmetic] if arithmetic else [])
-    return "-".join(parts) or "own"
+def _point_label(*parts: str) -> str:
+    """A point's label: what it changes, joined (``student-m-fp32-lr0.001``); "own" when nothing."""
+    return "-".join(part for part in parts if part) or "own"
 
 
 def _other_arithmetic(point: str, own: str) -> str:
@@ -605,13 +608,14 @@ def axis_points(p: Profile) -> list[AxisPoint]:
         pre = {**({"until": t.checkpoint} if t.checkpoint else {}), **({"arithmetic": arith} if arith else {})}
         if pre:
             over["teacher_pretrain"] = pre
-        out.append(AxisPoint("teachers", _point_label(size if size != p.teacher.size else "", t.checkpoint, arith), over))
+        out.append(AxisPoint("teachers", _point_label(size if size != p.teacher.size else "",
+                                                          f"step{t.checkpoint}" if t.checkpoint else "", arith), over))
     for i, st in enumerate(p.axes.students):
         key = f"axes.students[{i}]"
         if real:
-            if st.size or st.arithmetic or not st.path:
+            if st.size or st.arithmetic or st.steps or st.lr or not st.path:
                 raise ConfigError(f"{key}: a pretrained profile's student is a checkpoint directory: give its path "
-                                  "(size and arithmetic are for kdlab's toy students)")
+                                  "(size, arithmetic, steps and lr are for kdlab's toy students)")
             out.append(AxisPoint("students", _path_label(st.path), {"pretrained": {"student": st.path}}))
             continue
         if st.path:
@@ -620,10 +624,17 @@ def axis_points(p: Profile) -> list[AxisPoint]:
         if st.size not in PRESETS:
             raise ConfigError(f"{key}.size: {st.size!r} is not a valid choice; choose from {sorted(PRESETS)}")
         over = {"student": {"size": st.size}} if st.size != p.student.size else {}
-        arith = _other_arithmetic(st.arithmetic, p.student_pretrain.arithmetic)
-        if arith:
-            over["student_pretrain"] = {"arithmetic": arith}
-        out.append(AxisPoint("students", _point_label(st.size if st.size != p.student.size else "", 0, arith), over))
+        sp = p.student_pretrain
+        arith = _other_arithmetic(st.arithmetic, sp.arithmetic)
+        steps = st.steps if st.steps and st.steps != sp.steps else 0
+        lr = st.lr if st.lr and st.lr != sp.lr else 0.0
+        pre = {**({"arithmetic": arith} if arith else {}), **({"steps": steps} if steps else {}),
+               **({"lr": lr} if lr else {})}
+        if pre:
+            over["student_pretrain"] = pre
+        label = _point_label(st.size if st.size != p.student.size else "", arith, f"steps{steps}" if steps else "",
+                             f"lr{lr:g}" if lr else "")
+        out.append(AxisPoint("students", label, over))
     seen: dict[str, int] = {}
     for point in out:
         same = (point.overrides == {"pretrained": {"student": p.pretrained.student}} or point.overrides ==

@@ -276,7 +276,8 @@ def test_tiny_axes_study_runs_every_point_and_answers_in_its_report(tiny_models,
     study = outputs / "tiny-axes"
     points = json.loads((study / "axes.json").read_text())
     assert [(p["axis"], p["label"], p["name"]) for p in points] == [
-        ("teachers", "step15", "tiny-axes-teachers-step15"), ("students", "student-s", "tiny-axes-students-student-s")]
+        ("teachers", "step15", "tiny-axes-teachers-step15"),
+        ("students", "student-s-steps40-lr0.002", "tiny-axes-students-student-s-steps40-lr0.002")]
     teachers = {}
     for folder in [study, *(Path(p["study_dir"]) for p in points)]:
         df = pd.read_parquet(folder / "results.parquet")
@@ -284,7 +285,13 @@ def test_tiny_axes_study_runs_every_point_and_answers_in_its_report(tiny_models,
         models = json.loads((folder / "models.json").read_text())
         teachers[folder.name] = next(m for m in models if m["model"] == "teacher")
     assert teachers["tiny-axes-teachers-step15"]["path"] != teachers["tiny-axes"]["path"]
-    assert teachers["tiny-axes-students-student-s"]["path"] == teachers["tiny-axes"]["path"]  # same teacher
+    student_s = "tiny-axes-students-student-s-steps40-lr0.002"
+    assert teachers[student_s]["path"] == teachers["tiny-axes"]["path"]  # same teacher
+    bases = {name: json.loads((Path(next(m for m in json.loads((folder / "models.json").read_text())
+                                          if m["model"] == "student base")["path"]) / "kdlab.json").read_text())
+             for name, folder in ((n, outputs / n) for n in ("tiny-axes", student_s))}
+    assert [(b["key"]["model"]["size"], b["key"]["pretrain"]["steps"], b["key"]["pretrain"]["lr"]) for b in bases.values()] \
+        == [("nano", 30, 3e-3), ("student-s", 40, 2e-3)]  # the point's base was built with its own recipe
     nb = study / "analysis" / "94_axes.ipynb"
     assert notebook_finished(nb)
     assert not any(o.output_type == "error" for c in nbformat.read(nb, as_version=4).cells for o in c.get("outputs", []))

@@ -569,8 +569,9 @@ def _point_label(*parts: str) -> str:
     return "-".join(part for part in parts if part) or "own"
 
 
-def _other_arithmetic(point: str, own: str) -> str:
-    """A point's pretraining arithmetic when it differs from the profile's, else ''."""
+def _other(point: Any, own: Any) -> Any:
+    """A point's pretraining setting (arithmetic, steps, rate) when it is set and differs from the
+    profile's, else '' (unset: the profile's own)."""
     return point if point and point != own else ""
 
 
@@ -604,7 +605,7 @@ def axis_points(p: Profile) -> list[AxisPoint]:
         over: dict[str, Any] = {}
         if size != p.teacher.size:
             over["teacher"] = {"size": size}
-        arith = _other_arithmetic(t.arithmetic, p.teacher_pretrain.arithmetic)
+        arith = _other(t.arithmetic, p.teacher_pretrain.arithmetic)
         pre = {**({"until": t.checkpoint} if t.checkpoint else {}), **({"arithmetic": arith} if arith else {})}
         if pre:
             over["teacher_pretrain"] = pre
@@ -625,9 +626,7 @@ def axis_points(p: Profile) -> list[AxisPoint]:
             raise ConfigError(f"{key}.size: {st.size!r} is not a valid choice; choose from {sorted(PRESETS)}")
         over = {"student": {"size": st.size}} if st.size != p.student.size else {}
         sp = p.student_pretrain
-        arith = _other_arithmetic(st.arithmetic, sp.arithmetic)
-        steps = st.steps if st.steps and st.steps != sp.steps else 0
-        lr = st.lr if st.lr and st.lr != sp.lr else 0.0
+        arith, steps, lr = _other(st.arithmetic, sp.arithmetic), _other(st.steps, sp.steps), _other(st.lr, sp.lr)
         pre = {**({"arithmetic": arith} if arith else {}), **({"steps": steps} if steps else {}),
                **({"lr": lr} if lr else {})}
         if pre:

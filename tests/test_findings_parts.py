@@ -321,3 +321,38 @@ def test_compare_scoreboards_flags_a_part_reproduced_in_one_and_refuted_in_the_o
     assert both.loc["2a", "seeds 0-2: statistic"].endswith("] points")
     noisy = findings.compare_scoreboards({"a": a, "c": c})
     assert not noisy["contradiction"].any() and (noisy["c: verdict"] == I).any()
+
+
+def test_a_direction_with_no_effect_and_a_narrow_interval_is_not_reproduced():
+    """Finding 8a with no lambda effect on reverse KL and six quiet seeds: the interval straddles 0
+    but lies below the 3-point smallest effect of interest, so the claim is not reproduced, and the
+    part's line and rule say why; a 1-point effect with the same noise clears 0 and is reproduced
+    (an effect above the bound counts however small)."""
+    seeds = tuple(range(6))
+    flat = findings.finding_8(_paper(seeds=seeds, reverse_lambda_slope=0.0)).part("a")
+    assert flat.estimate.lo < 0 < flat.estimate.hi < findings.NEGLIGIBLE["accuracy"]
+    assert flat.verdict == NOT_REPRODUCED
+    assert "negligible under 3" in flat.text() and "not reproduced when entirely below 3" in flat.rule
+    small = findings.finding_8(_paper(seeds=seeds, reverse_lambda_slope=0.015)).part("a")  # about +1.5 points
+    assert 0 < small.estimate.lo and small.estimate.hi < findings.NEGLIGIBLE["accuracy"] and small.verdict == REPRODUCED
+
+
+def test_the_smallest_effect_mirrors_for_a_claim_below_the_bound():
+    e = findings.Estimate
+    assert findings.decide_less(e(-0.5, -1.0, 0.4), 0.0, 1.5) == NOT_REPRODUCED  # entirely above -1.5
+    assert findings.decide_less(e(-0.5, -2.0, 0.4), 0.0, 1.5) == INCONCLUSIVE
+    assert findings.decide_less(e(-0.5, -1.0, -0.1), 0.0, 1.5) == REPRODUCED
+    assert findings.decide_greater(e(0.5, -1.0, 2.0), 0.0) == INCONCLUSIVE  # no margin: as before
+    assert findings.decide_greater(e(0.5, -1.0, 2.0), 0.0, 3.0) == NOT_REPRODUCED
+
+
+def test_every_direction_claim_of_a_metric_names_its_smallest_effect():
+    """The scoreboard's negligible column: the metric's margin on each direction part, NaN on the
+    parts that are margins, ratios, correlations or shares already."""
+    board = findings.scoreboard(_followups(_paper()), GRADIENTS_OK).set_index("label")
+    expect = {"2a": 3.0, "2b": 3.0, "2c": 3.0, "3a": 1.5, "3b": 1.5, "4a": 0.5, "8a": 3.0, "9a": 3.0, "10b": 3.0,
+              "10c": 3.0, "11a": 3.0, "13a": 3.0, "13b": 1.5, "13c": 0.5, "13d": 3.0}
+    for label, value in expect.items():
+        assert board.loc[label, "negligible"] == value, label
+    for label in ("1a", "4b", "5a", "5b", "7a", "8b", "10a", "12a", "12b", "13e"):
+        assert np.isnan(board.loc[label, "negligible"]), label

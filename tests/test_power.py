@@ -110,3 +110,39 @@ def test_report_view_shows_the_power_beside_the_verdict(tmp_path):
     assert list(view.columns) == ["claim (STUDY.md)", "verdict", "statistic", "95% interval", "power"]
     assert view.loc["1", "verdict"] == "? inconclusive" and "× data" in view.loc["1", "power"]
     assert view.loc["2", "power"] == ""  # a compound finding's line: its parts speak
+
+
+def _neg_row(stat, lo, hi, thr, small, rule, verdict):
+    side = {"greater": "above", "less": "below"}[rule]
+    return _row(stat, lo, hi, thr, verdict) | {"negligible": small, "test": f"95% interval (bootstrap) {side} {thr}; ..."}
+
+
+def test_with_a_smallest_effect_decided_exactly_when_the_rule_decides():
+    """A direction claim with a smallest effect of interest has two ways to be decided (the bound,
+    and the edge bound +/- negligible); on random intervals the power says 'decided' exactly when
+    the findings' rules give a verdict, and an inconclusive part's factor is the nearer route's."""
+    rng = np.random.default_rng(1)
+    for _ in range(2000):
+        stat, thr, small = rng.normal(0, 3), rng.normal(0, 1), abs(rng.normal(0, 3))
+        lo, hi = stat - abs(rng.normal(0, 3)), stat + abs(rng.normal(0, 3))
+        for rule, decide in (("greater", findings.decide_greater), ("less", findings.decide_less)):
+            verdict = decide(Estimate(stat, lo, hi), thr, small)
+            p = power.part_power(_neg_row(stat, lo, hi, thr, small, rule, verdict))
+            assert (p["factor"] == 1.0) == (verdict != INCONCLUSIVE), (rule, stat, lo, hi, thr, small, verdict, p)
+            if verdict == INCONCLUSIVE and math.isfinite(p["factor"]):
+                edge = thr + small if rule == "greater" else thr - small
+                to_bound = ((stat - lo) if thr <= stat else (hi - stat)) / abs(stat - thr)
+                inside = (stat < edge) if rule == "greater" else (stat > edge)
+                to_edge = ((hi - stat) if rule == "greater" else (stat - lo)) / abs(edge - stat) if inside else math.inf
+                assert p["factor"] == pytest.approx(min(to_bound, to_edge) ** 2)
+
+
+def test_a_near_zero_effect_is_decided_by_the_edge():
+    """0.2 [-1, 1.4] against 0 with a 3-point smallest effect: not reproduced, decided by the edge
+    (half 1.2 against 2.8 to the edge 3); 0.2 [-2, 4]: the edge route (3.8 against 2.8) is nearer
+    than the bound's (2.2 against 0.2)."""
+    decided = power.part_power(_neg_row(0.2, -1.0, 1.4, 0.0, 3.0, "greater", NOT_REPRODUCED))
+    assert decided["factor"] == 1.0 and decided["power"] == "±1.2 < 2.8"
+    open_ = power.part_power(_neg_row(0.2, -2.0, 4.0, 0.0, 3.0, "greater", INCONCLUSIVE))
+    assert open_["half_width"] == pytest.approx(3.8) and open_["needed"] == pytest.approx(2.8)
+    assert open_["factor"] == pytest.approx((3.8 / 2.8) ** 2)

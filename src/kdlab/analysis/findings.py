@@ -12,7 +12,13 @@ verdict is three-valued, plus "not run":
   interval excludes 0 on the claimed side; a "no advantage" or "at least as" claim: the interval
   lies inside the margin, a one-sided TOST);
 * "not reproduced": the interval lies entirely on the wrong side of the bound (the opposite
-  direction, or outside the margin): the evidence is against the claim at ``ALPHA``;
+  direction, or outside the margin): the evidence is against the claim at ``ALPHA``. A direction
+  claim about accuracy, forgetting or sparsity also has a **smallest effect of interest**
+  (``NEGLIGIBLE``, the study's own margins: 3 accuracy points as in findings 1 and 13e, 1.5
+  forgetting points as in 5b, 0.5 sparsity points as in 4b): an interval that does not clear the
+  bound but lies entirely below bound + that margin is "not reproduced" too, since the data then
+  exclude any effect in the claimed direction that the study counts as one (a minimum-effect test;
+  an interval above the bound is "reproduced" however small the effect);
 * "inconclusive": neither: the interval straddles the bound, the test cannot tell at this power
   (few seeds, noisy cells). More seeds, not another reading of the means, settle it;
 * "not run": the table lacks the columns, configurations or replicate seeds the part needs (the
@@ -70,13 +76,17 @@ F5_FORGETTING_TOLERANCE_POINTS = 1.5  # finding 5b: "without losing prior skills
 F7_SPREAD_TOLERANCE_POINTS = 10.0  # finding 7: forward-KL accuracy spread along the spectrum (paper: 5.2 points)
 F12_STYLE_MAJORITY = 0.5  # finding 12: "adopts the teacher's style" = share of outputs above one half
 F6_MIN_PAIRS = 3  # finding 6b: fewer forward-KL policy pairs than this cannot support the bound
+# Smallest effect of interest of a direction claim, per metric (points): the margins above, one per
+# metric, so a direction whose whole interval lies below it is "not reproduced" (docs/calibration.md 32).
+NEGLIGIBLE = {"accuracy": ACCURACY_EQUIVALENCE_POINTS, "forgetting": F5_FORGETTING_TOLERANCE_POINTS,
+              "sparsity": SPARSITY_EQUIVALENCE_POINTS}
 FOLLOWUP_EVAL_N = 200  # findings 11-12 without replicates: problems behind each share (rlvr.n_eval, style.n_test)
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN = "reproduced", "not reproduced", "inconclusive", "not run"
 VERDICTS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, NOT_RUN)
 # One row per finding (part "") followed by one row per part (part "a", "b", ...; label "2a").
 SCOREBOARD_COLUMNS = ["finding", "part", "label", "claim", "verdict", "n_parts", "n_reproduced", "statistic_name",
-                      "statistic", "ci_low", "ci_high", "unit", "threshold", "method", "detail", "test"]
+                      "statistic", "ci_low", "ci_high", "unit", "threshold", "negligible", "method", "detail", "test"]
 
 CLAIMS = {
     1: "No consistent accuracy advantage for on-policy distillation",
@@ -111,24 +121,31 @@ class Estimate:
 NO_ESTIMATE = Estimate(math.nan, math.nan, math.nan, "")
 
 
-def decide_greater(est: Estimate, bound: float = 0.0) -> str:
-    """Claim ``statistic > bound`` (a direction, or non-inferiority with ``bound = -margin``)."""
+def _margin(negligible: float) -> float:
+    return float(negligible) if np.isfinite(negligible) and negligible > 0 else 0.0
+
+
+def decide_greater(est: Estimate, bound: float = 0.0, negligible: float = math.nan) -> str:
+    """Claim ``statistic > bound`` (a direction, or non-inferiority with ``bound = -margin``).
+    ``negligible``: the smallest effect of interest; an interval entirely below ``bound +
+    negligible`` that does not clear the bound is "not reproduced" (NaN or 0: none)."""
     if not (np.isfinite(est.lo) and np.isfinite(est.hi)):
         return INCONCLUSIVE
     if est.lo > bound:
         return REPRODUCED
-    if est.hi < bound:
+    if est.hi < bound + _margin(negligible):
         return NOT_REPRODUCED
     return INCONCLUSIVE
 
 
-def decide_less(est: Estimate, bound: float = 0.0) -> str:
-    """Claim ``statistic < bound`` (a direction, or non-superiority with ``bound = +margin``)."""
+def decide_less(est: Estimate, bound: float = 0.0, negligible: float = math.nan) -> str:
+    """Claim ``statistic < bound`` (a direction, or non-superiority with ``bound = +margin``);
+    ``negligible`` as in :func:`decide_greater`, mirrored: entirely above ``bound - negligible``."""
     if not (np.isfinite(est.lo) and np.isfinite(est.hi)):
         return INCONCLUSIVE
     if est.hi < bound:
         return REPRODUCED
-    if est.lo > bound:
+    if est.lo > bound - _margin(negligible):
         return NOT_REPRODUCED
     return INCONCLUSIVE
 
@@ -177,6 +194,7 @@ class Part:
     rule: str = ""
     note: str = ""
     label: str = ""
+    negligible: float = math.nan  # the smallest effect of interest of a direction claim (NEGLIGIBLE), NaN: none
 
     def text(self) -> str:
         head = f"({self.label}) " if self.label else ""
@@ -185,21 +203,31 @@ class Part:
         e, u = self.estimate, ("" if self.unit == "points" else f" {self.unit}")
         pts = " pts" if self.unit == "points" else ""
         note = f" ({self.note})" if self.note else ""
+        small = f" (negligible under {_fmt(self.negligible)})" if _margin(self.negligible) else ""
         return (f"{head}{self.name} {_fmt(e.value)}{pts} [{_fmt(e.lo)}, {_fmt(e.hi)}]{u} vs {_fmt(self.threshold)}"
-                f": {self.verdict}{note}")
+                f"{small}: {self.verdict}{note}")
 
 
-def _rule_text(rule: str, threshold: float, method: str) -> str:
+def _rule_text(rule: str, threshold: float, method: str, negligible: float = math.nan) -> str:
     side = {"greater": "above", "less": "below"}[rule]
-    return f"95% interval ({method}) {side} {_fmt(threshold)}"
+    text = f"95% interval ({method}) {side} {_fmt(threshold)}"
+    if m := _margin(negligible):
+        edge = threshold + m if rule == "greater" else threshold - m
+        other = {"greater": "below", "less": "above"}[rule]
+        text += f"; not reproduced when entirely {other} {_fmt(edge)} (effects under {_fmt(m)} negligible)"
+    return text
 
 
 def _part(claim: str, name: str, est: Estimate, rule: str, threshold: float, unit: str = "points",
-          note: str = "") -> Part:
+          note: str = "", metric: str = "") -> Part:
     """A part decided by its interval: ``rule`` "greater" (the claim is statistic > threshold) or
-    "less" (statistic < threshold)."""
+    "less" (statistic < threshold). ``metric`` ("accuracy", "forgetting", "sparsity") names a
+    direction claim's smallest effect of interest (``NEGLIGIBLE``); empty: none (a claim that is
+    already a margin, a ratio, a correlation or a share)."""
     decide = {"greater": decide_greater, "less": decide_less}[rule]
-    return Part(name, est, threshold, decide(est, threshold), unit, claim, _rule_text(rule, threshold, est.method), note)
+    negligible = NEGLIGIBLE[metric] if metric else math.nan
+    return Part(name, est, threshold, decide(est, threshold, negligible), unit, claim,
+                _rule_text(rule, threshold, est.method, negligible), note, negligible=negligible)
 
 
 def _part_not_run(claim: str, why: str) -> Part:
@@ -507,11 +535,13 @@ def finding_2(df: pd.DataFrame) -> FindingResult:
     eta = _eta(g, "accuracy")
     parts = [_part("KL direction matters more than the rollout policy for accuracy",
                    "|KL effect| - |policy effect| on accuracy", bootstrap(c, effects), "greater", 0.0,
-                   note=_eta_note(eta, "kl", "policy")),
+                   note=_eta_note(eta, "kl", "policy"), metric="accuracy"),
              _part("forward KL stays in a narrow band across policies and rates, reverse KL spreads widely",
-                   "reverse - forward accuracy spread over policy x lr", bootstrap(c, spread_gap), "greater", 0.0),
+                   "reverse - forward accuracy spread over policy x lr", bootstrap(c, spread_gap), "greater", 0.0,
+                   metric="accuracy"),
              _part("reverse KL is very sensitive to the learning rate (more than forward KL)",
-                   "|lr effect| under reverse - under forward KL", bootstrap(c, lr_sensitivity), "greater", 0.0)]
+                   "|lr effect| under reverse - under forward KL", bootstrap(c, lr_sensitivity), "greater", 0.0,
+                   metric="accuracy")]
     spreads, notes = {}, []
     for t in tasks:
         m = c.means.xs(t, level="task")
@@ -553,10 +583,11 @@ def finding_3(df: pd.DataFrame) -> FindingResult:
     f_lo, f_hi = float(g.loc[g["lr"] == lo, "forgetting"].mean()), float(g.loc[g["lr"] == hi, "forgetting"].mean())
     eta = _eta(g, "forgetting")
     parts = [_part("learning rate governs forgetting: more forgetting at the high rate",
-                   "lr effect on forgetting (high - low)", lr_eff, "less", 0.0, note=_eta_note(eta, "lr")),
+                   "lr effect on forgetting (high - low)", lr_eff, "less", 0.0, note=_eta_note(eta, "lr"),
+                   metric="forgetting"),
              _part("rollout policy negligible by comparison",
                    "|lr effect| - |policy effect| on forgetting", gap, "greater", 0.0,
-                   note=_eta_note(eta, "lr", "policy"))]
+                   note=_eta_note(eta, "lr", "policy"), metric="forgetting")]
     notes = [f"mean forgetting low lr {f_lo:+.4f}, high lr {f_hi:+.4f}; policy effect (OnPD - OffPD) "
              f"{_fmt(pol_eff.value)} pts [{_fmt(pol_eff.lo)}, {_fmt(pol_eff.hi)}]"]
     return _result(3, test, parts, notes=notes,
@@ -601,7 +632,8 @@ def finding_4(df: pd.DataFrame) -> FindingResult:
     n_ok = int((wide["off"] >= wide["on"]).sum())
     eta = _eta(g, "sparsity")
     parts = [_part("learning rate governs sparsity: sparser updates at the low rate", "sparsity low lr - high lr",
-                   bootstrap(c, lambda M: _effect(M, "lr", lo, hi)), "greater", 0.0, note=_eta_note(eta, "lr", "policy")),
+                   bootstrap(c, lambda M: _effect(M, "lr", lo, hi)), "greater", 0.0, note=_eta_note(eta, "lr", "policy"),
+                   metric="sparsity"),
              _part("OffPD at least as sparse as OnPD in every matched pair",
                    "min over matched pairs of OffPD - OnPD sparsity", bootstrap(c, worst_pair), "greater",
                    -SPARSITY_EQUIVALENCE_POINTS, note=f"OffPD >= OnPD in {n_ok}/{len(wide)} pairs by the means")]
@@ -845,7 +877,7 @@ def finding_8(df: pd.DataFrame) -> FindingResult:
     k_hi = int(r_hi.loc[r_hi["accuracy"].notna(), "collapsed"].astype(bool).sum()) if "collapsed" in r_hi.columns else 0
     c_lo, c_hi = wilson(k_hi, n_hi)
     parts = [_part("reverse KL favours student-side rollouts (lambda > 0) at the low rate",
-                   "reverse low-lr accuracy lambda>0 - lambda<0", bootstrap(c, side_gap), "greater", 0.0),
+                   "reverse low-lr accuracy lambda>0 - lambda<0", bootstrap(c, side_gap), "greater", 0.0, metric="accuracy"),
              _part("reverse KL is unstable at the high rate: larger seed variance than forward KL",
                    "seed variance ratio reverse / forward at the high lr", ratio, "greater", 1.0, unit="ratio")]
     collapse = Estimate(k_hi / n_hi if n_hi else math.nan, c_lo, c_hi, "wilson")
@@ -898,7 +930,7 @@ def finding_9(df: pd.DataFrame) -> FindingResult:
     notes = [f"{task}, lambda > 0 ({len(t)} runs), p {p:.3g}; mean pass@10 - pass@1 forward "
              f"{gaps.get('forward', math.nan):.3f}, reverse {gaps.get('reverse', math.nan):.3f}"]
     part = _part("forward KL gives better coverage: higher pass@10 than reverse at equal pass@1 (lambda > 0)",
-                 "forward pass@10 advantage at equal pass@1", est, "greater", 0.0)
+                 "forward pass@10 advantage at equal pass@1", est, "greater", 0.0, metric="accuracy")
     return _result(9, test, [part], notes=notes, values={"task": task, "coef": coef, "p": p})
 
 
@@ -989,7 +1021,7 @@ def finding_10(df: pd.DataFrame) -> FindingResult:
             return (sel(M, kl=kl, lam=lambda x: x > 0).mean(axis=1)
                     - sel(M, kl=kl, lam=lambda x: np.isclose(np.asarray(x, dtype=float), -1.0)).mean(axis=1))
 
-        parts.append(_part(claim, f"{col} lambda>0 - OffPD ({kl})", bootstrap(c, gap), "greater", 0.0))
+        parts.append(_part(claim, f"{col} lambda>0 - OffPD ({kl})", bootstrap(c, gap), "greater", 0.0, metric="accuracy"))
     return _result(10, test, parts, notes=notes, values={"column": col, **values})
 
 
@@ -1041,7 +1073,7 @@ def finding_11(df: pd.DataFrame) -> FindingResult:
     observed = float(best_ok(pd.DataFrame([means.to_numpy()], columns=means.index))[0])
     best_verdict = REPRODUCED if share >= 1 - ALPHA else NOT_REPRODUCED if share <= ALPHA else INCONCLUSIVE
     parts = [_part("after RLVR, reverse-KL starts from the low rate end below OffPD+forward at the low rate",
-                   "OffPD+forward low - reverse low RLVR accuracy", bootstrap(c, gap), "greater", 0.0),
+                   "OffPD+forward low - reverse low RLVR accuracy", bootstrap(c, gap), "greater", 0.0, metric="accuracy"),
              Part("share of replicates whose best is OffPD+forward low or reverse high",
                   Estimate(observed, share, share, "bootstrap share"), 1 - ALPHA, best_verdict, "share",
                   "after RLVR, OffPD+forward at the low rate (or reverse at the high rate) ends highest",
@@ -1133,7 +1165,8 @@ def finding_13(df: pd.DataFrame) -> FindingResult:
             c = cell_model(sampled, "accuracy", ["sampled_direction", "policy", "lr"], ["sampled_direction", "lr"])
             if c.replicated:
                 est = bootstrap(c, lambda M: _spread(sel(M, sampled_direction="reverse")) - _spread(sel(M, sampled_direction="forward")))
-                parts["a"] = _part(claims["a"], "sampled estimators: reverse - forward accuracy spread", est, "greater", 0.0)
+                parts["a"] = _part(claims["a"], "sampled estimators: reverse - forward accuracy spread", est, "greater", 0.0,
+                                   metric="accuracy")
             else:
                 parts["a"] = _part_not_run(claims["a"], single)
             m = c.means
@@ -1150,7 +1183,8 @@ def finding_13(df: pd.DataFrame) -> FindingResult:
                 parts[key] = _part_not_run(claims[key], f"no {metric} measured in the sampled-estimator runs")
                 continue
             cm = cell_model(s, metric, by, ["lr"])
-            parts[key] = (_part(claims[key], name, bootstrap(cm, lambda M, a=a, b=b: _effect(M, "lr", a, b)), rule, 0.0)
+            parts[key] = (_part(claims[key], name, bootstrap(cm, lambda M, a=a, b=b: _effect(M, "lr", a, b)), rule, 0.0,
+                                metric=metric)
                           if cm.replicated else _part_not_run(claims[key], single))
             values.setdefault("sampled_lr", {})[metric] = s.groupby("lr")[metric].mean().to_dict()
     else:
@@ -1171,7 +1205,8 @@ def finding_13(df: pd.DataFrame) -> FindingResult:
                     x = sel(M, clipped=clipped)
                     return _effect(x, "kl", "forward", "reverse").abs()
                 parts["d"] = (_part(claims["d"], "no clipping: |forward - reverse| gap minus the clipped gap",
-                                    bootstrap(c, lambda M: kl_gap(M, False) - kl_gap(M, True)), "greater", 0.0)
+                                    bootstrap(c, lambda M: kl_gap(M, False) - kl_gap(M, True)), "greater", 0.0,
+                                    metric="accuracy")
                               if has_clip else _part_not_run(claims["d"], "no clipped runs to compare with"))
                 nc_tasks = sorted(noclip["task"].unique())
 
@@ -1226,12 +1261,14 @@ def scoreboard_rows(results: Sequence[FindingResult]) -> pd.DataFrame:
         rows.append({"finding": r.number, "part": "", "label": str(r.number), "claim": r.claim, "verdict": r.verdict,
                      "n_parts": len(r.parts), "n_reproduced": r.n_reproduced, "statistic_name": r.statistic_name,
                      "statistic": r.statistic, "ci_low": r.ci_low, "ci_high": r.ci_high, "unit": r.unit,
-                     "threshold": r.threshold, "method": method, "detail": r.detail, "test": r.test})
+                     "threshold": r.threshold, "negligible": r.parts[0].negligible if single else math.nan, "method": method,
+                     "detail": r.detail, "test": r.test})
         for p in r.parts:
             rows.append({"finding": r.number, "part": p.label, "label": f"{r.number}{p.label}", "claim": p.claim,
                          "verdict": p.verdict, "n_parts": 1, "n_reproduced": int(p.verdict == REPRODUCED),
                          "statistic_name": p.name, "statistic": p.estimate.value, "ci_low": p.estimate.lo,
-                         "ci_high": p.estimate.hi, "unit": p.unit, "threshold": p.threshold, "method": p.estimate.method,
+                         "ci_high": p.estimate.hi, "unit": p.unit, "threshold": p.threshold, "negligible": p.negligible,
+                         "method": p.estimate.method,
                          "detail": p.text(), "test": p.rule})
     return pd.DataFrame(rows, columns=SCOREBOARD_COLUMNS)
 
@@ -1243,7 +1280,8 @@ def scoreboard(df: pd.DataFrame, gradients: pd.DataFrame | None = None) -> pd.Da
     A part's row: its claim in words, verdict (reproduced / not reproduced / inconclusive / not
     run), statistic_name, statistic with its 95% interval ci_low..ci_high, unit (points, share,
     ratio, rho, gradient), threshold (the bound the interval is compared to: 0 for a direction, the
-    margin for an equivalence or non-inferiority claim), method (how the interval was computed),
+    margin for an equivalence or non-inferiority claim), negligible (a direction claim's smallest
+    effect of interest, ``NEGLIGIBLE``; NaN where none), method (how the interval was computed),
     detail (the statistic, interval and verdict in one line, with notes) and test (the rule). The
     summary row: the finding's claim, its verdict from its parts (:func:`summarize`: "1 of 2 parts
     reproduced (1 not reproduced)"; a single part's verdict as it is), n_parts and n_reproduced;

@@ -8,7 +8,12 @@ exactly when the interval excludes the threshold. With the interval's half on th
             ci_high - statistic   (threshold above it)
     need  = |statistic - threshold|   (the margin the verdict uses, seen from the estimate)
 
-the part is decided when ``half < need`` and inconclusive otherwise. Intervals shrink as one over
+the part is decided when ``half < need`` and inconclusive otherwise. A direction claim with a
+smallest effect of interest (the scoreboard's ``negligible``, ``findings.NEGLIGIBLE``) has a second
+way to be decided: "not reproduced" once its interval lies entirely on the estimate's side of the
+edge ``threshold + negligible`` (``threshold - negligible`` for a "below" claim), i.e. the other
+half of the interval against the distance from the estimate to that edge. An inconclusive part's
+power is then the nearer of the two. Intervals shrink as one over
 the square root of the data behind them (seeds for the cell-means model, evaluation problems for
 the binomial one), so an inconclusive part whose estimate stays where it is needs about
 ``(half / need) ** 2`` times its data to be decided (``factor``); an estimate on the bound
@@ -51,16 +56,20 @@ def part_power(row: Mapping[str, Any]) -> dict[str, Any]:
     (no amount of data decides it), "none seen yet" (an occasional event), "" where no power
     figure applies."""
     none = {"half_width": math.nan, "needed": math.nan, "factor": math.nan, "power": ""}
-    stat, lo, hi, thr = (_num(row, k) for k in ("statistic", "ci_low", "ci_high", "threshold"))
+    stat, lo, hi, thr, small = (_num(row, k) for k in ("statistic", "ci_low", "ci_high", "threshold", "negligible"))
     if str(row.get("verdict")) == "inconclusive" and str(row.get("method")) == "wilson" and stat == 0:
         return none | {"power": "none seen yet"}  # an occasional event (8c, collapses)
     if not str(row.get("test") or "").startswith(INTERVAL_RULE) or str(row.get("verdict")) == "not run":
         return none
     if any(math.isnan(x) for x in (stat, lo, hi, thr)) or lo > hi:
         return none
-    need = abs(stat - thr)
-    half = (stat - lo) if thr <= stat else (hi - stat)
-    half = max(half, 0.0)
+    routes = [(max((stat - lo) if thr <= stat else (hi - stat), 0.0), abs(stat - thr))]  # (half, need) to the bound
+    if math.isfinite(small) and small > 0:
+        above = "above" in str(row.get("test") or "").split(";")[0]  # the claim: statistic above the threshold
+        edge = thr + small if above else thr - small
+        if (stat < edge) if above else (stat > edge):  # the estimate is inside the negligible band
+            routes.append((max(hi - stat if above else stat - lo, 0.0), abs(edge - stat)))
+    half, need = min(routes, key=lambda r: (r[0] / r[1]) if r[1] >= ON_THE_BOUND else math.inf)
     scale = 100.0 if str(row.get("unit") or "") == "share" else 1.0  # shares are read in points
     h, n = f"{half * scale:.2g}", f"{need * scale:.2g}"
     if need < ON_THE_BOUND:

@@ -314,3 +314,53 @@ def test_collapse_detector_flags_nan():
 def test_collapse_detector_rejects_bad_arguments(window, drop):
     with pytest.raises(ValueError):
         detect_collapse(_hist([0.1] * 4), window=window, drop=drop)
+
+
+def test_a_flat_batch_skips_the_backward_and_leaves_the_run_bitwise_unchanged(monkeypatch):
+    """A step whose every group has equal rewards has no gradient (no KL term): GRPO steps the
+    optimiser on zeros without a forward or backward. Rewards zeroed on every other step: the skip
+    and the full computation (``flat_batch`` forced False) end with bitwise equal parameters and
+    the same history, and the skip scores no log-probs on its flat steps."""
+    import kdlab.engine.rlvr as rlvr
+
+    real_rewards, real_logprobs = rlvr.verifiable_rewards, rlvr._sequence_logprobs
+    calls = {"rewards": 0, "logprobs": 0}
+
+    def some_flat(task, problems, texts):
+        calls["rewards"] += 1
+        r = real_rewards(task, problems, texts)
+        return r * 0 if calls["rewards"] % 2 == 0 else r
+
+    def counted(*a, **k):
+        calls["logprobs"] += 1
+        return real_logprobs(*a, **k)
+
+    monkeypatch.setattr(rlvr, "verifiable_rewards", some_flat)
+    monkeypatch.setattr(rlvr, "_sequence_logprobs", counted)
+
+    def run():
+        calls.update(rewards=0, logprobs=0)
+        model, res = _run(3, steps=6, weight_decay=0.01)
+        return model, res, calls["logprobs"]
+
+    m_skip, skip, n_skip = run()
+    monkeypatch.setattr(rlvr, "flat_batch", lambda adv, cfg: False)
+    m_full, full, n_full = run()
+    assert skip["flat_steps"] >= 3 and full["flat_steps"] == 0  # the zeroed steps, and any flat by itself
+    assert n_skip == n_full - skip["flat_steps"]
+    assert skip["history"] == full["history"]
+    assert all(torch.equal(x, y) for x, y in zip(m_skip.parameters(), m_full.parameters()))
+    start = build_model("llama", "nano", seed=0).to(torch.bfloat16)
+    assert any(not torch.equal(x, y) for x, y in zip(m_skip.parameters(), start.parameters()))
+
+
+def test_a_batch_is_flat_only_without_gradient_terms():
+    zeros, some = torch.zeros(8), torch.tensor([0.0, 0.5, -0.5, 0, 0, 0, 0, 0])
+    assert rlvr_flat(zeros, RLVRConfig()) and not rlvr_flat(some, RLVRConfig())
+    assert not rlvr_flat(zeros, RLVRConfig(kl_coef=0.1))  # the KL term has a gradient
+    assert not rlvr_flat(zeros, RLVRConfig(inner_epochs=2))  # later epochs' stats are not known exactly
+
+
+def rlvr_flat(adv, cfg):
+    from kdlab.engine.rlvr import flat_batch
+    return flat_batch(adv, cfg)

@@ -93,6 +93,29 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
 STAT_KEYS = ("clip_frac", "ratio_mean", "kl")  # grpo_loss's stats, in the order grpo_train reads them
 
 
+def flat_batch(advantages: torch.Tensor, cfg: RLVRConfig) -> bool:
+    """Whether a step's batch has no gradient at all: every advantage (P*G,) is exactly zero (each
+    group's rewards were equal), there is no KL term, and one inner epoch (whose stats are then
+    known exactly: ratio 1, nothing clipped, loss 0). Its gradient is then exactly zero, so the
+    forward and backward can be skipped and the optimiser stepped on zeros, which leaves the
+    parameters and the optimiser's moments bitwise as the full step would (AdamW still decays its
+    moments and moves by them). ``advantages`` lives on the host: no device read."""
+    return cfg.kl_coef == 0 and cfg.inner_epochs == 1 and not bool(advantages.any())
+
+
+def zero_gradient_step(trainer: Trainer) -> tuple[float, dict[str, float], float]:
+    """One optimiser step on exact-zero gradients (a :func:`flat_batch`): every parameter gets a
+    zero gradient (AdamW skips a parameter without one, which the full step would not), no clipping
+    is needed (norm 0). Returns what the full step would log: loss 0, clip_frac 0, ratio_mean 1,
+    kl 0, grad norm 0."""
+    trainer.zero_grad()
+    for p in trainer.params:
+        if p.requires_grad:
+            p.grad = torch.zeros_like(p)
+    trainer.step()
+    return 0.0, {"clip_frac": 0.0, "ratio_mean": 1.0, "kl": 0.0}, 0.0
+
+
 def grpo_loss(logp_new: torch.Tensor, logp_old: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               clip_eps: float = 0.2, kl_coef: float = 0.0, logp_ref: torch.Tensor | None = None,
               normalisation: str = "sequence") -> tuple[torch.Tensor, dict[str, float]]:
@@ -316,6 +339,7 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
 
     initial_accuracy = evaluate()
     history: list[dict[str, Any]] = []
+    flat_steps = 0  # steps whose every group had equal rewards (see flat_batch)
     collapsed, collapse_step, nan_stop = False, None, False
     P, G = cfg.prompts_per_step, cfg.group_size
     bar = tqdm(range(cfg.steps), desc=desc, disable=not progress, leave=False)
@@ -329,19 +353,26 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         texts = [codec.decode(row) for row in ro.token_lists()]
         rewards = verifiable_rewards(task, group_problems, texts).view(P, G)
         device = next(model.parameters()).device  # the rollout comes back on the CPU
-        adv = group_advantages(rewards, normalise_std=cfg.normalise_std).reshape(P * G).to(device)
-        sp, spm = pad_left(prompts, codec.pad_id)
-        tokens, mask = ro.tokens.to(device), ro.mask.to(device)
+        adv_host = group_advantages(rewards, normalise_std=cfg.normalise_std).reshape(P * G)  # (P*G,) on the host
         t1 = time.perf_counter()
 
-        with torch.no_grad():
-            logp_ref = (_sequence_logprobs(ref, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
-                        if ref is not None else None)
-        logp_old = None
         loss_val, stats, gnorm = float("nan"), {}, float("nan")
-        work.train()
         trainer.set_lr(step)  # constant: GRPO has no warm-up
-        for _epoch in range(cfg.inner_epochs):
+        flat = flat_batch(adv_host, cfg)
+        if flat:  # no policy gradient: the optimiser steps on exact zeros, no forward or backward
+            loss_val, stats, gnorm = zero_gradient_step(trainer)
+            arith.pull()
+            flat_steps += 1
+        else:
+            adv = adv_host.to(device)
+            sp, spm = pad_left(prompts, codec.pad_id)
+            tokens, mask = ro.tokens.to(device), ro.mask.to(device)
+            with torch.no_grad():
+                logp_ref = (_sequence_logprobs(ref, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
+                            if ref is not None else None)
+            work.train()
+        logp_old = None
+        for _epoch in range(0 if flat else cfg.inner_epochs):
             logp_new = _sequence_logprobs(work, sp, spm, tokens, mask, cfg.temperature, codec.vocab_size)
             if logp_old is None:  # the sampling policy: ratio exactly 1 on the first epoch
                 logp_old = logp_new.detach()
@@ -408,5 +439,6 @@ def grpo_train(model: torch.nn.Module, task: Task, cfg: RLVRConfig, pool: Proble
         "nan": nan_stop,
         "wall_s": time.perf_counter() - t_start,
         "phase_s": phase,
+        "flat_steps": flat_steps,
         "config": asdict(cfg),
     }

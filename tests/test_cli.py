@@ -86,3 +86,23 @@ def test_diagnose_sorts_every_answer_into_one_error_mode(tmp_path, repo_root, ca
     assert "missing" in capsys.readouterr().err
     assert main(["diagnose", params, str(ckpt), "--task", "kb-mc"]) == 2
     assert "kb-mc" in capsys.readouterr().err
+
+
+def test_one_run_commands_use_the_profiles_threads(tmp_path, repo_root, monkeypatch):
+    """``threads`` in a profile (or ``--set threads=N``) sets torch's threads for ``kdlab distill`` and
+    ``kdlab rlvr`` as it does for a study's kernels: two runs side by side with the default would
+    each take every core (a 5x slowdown measured on 2 cores, docs/calibration.md 33)."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    out = tmp_path / "o"
+    params = str(repo_root / "params" / "tiny.yaml")
+    assert main(["--outputs", str(out), "distill", params, "--set", "distill.steps=1", "--set", "threads=1"]) == 0
+    assert calls == [1]
+    assert main(["--outputs", str(out), "rlvr", params, "--start", "base", "--set", "rlvr.steps=1",
+                 "--set", "threads=3"]) == 0
+    assert calls == [1, 3]
+    assert main(["--outputs", str(out), "distill", params, "--set", "distill.steps=1", "--out",
+                 str(tmp_path / "r2")]) == 0
+    assert calls == [1, 3]  # 0: torch's default is left alone

@@ -59,7 +59,16 @@ def _profile(args, models: bool = True):
         raise ConfigError(f"{args.params}: {e}") from None
     if models:
         check_models(profile, _outputs_root(args) / "models", args.params)
+    _use_threads(profile)
     return profile
+
+
+def _use_threads(profile) -> None:
+    """A one-process command's torch threads: the profile's ``threads`` (0 leaves torch's default)."""
+    if profile.threads:
+        import torch
+
+        torch.set_num_threads(profile.threads)
 
 
 def cmd_teachers(args) -> int:
@@ -122,6 +131,7 @@ def cmd_distill(args) -> int:
 def cmd_rlvr(args) -> int:
 
     profile = load_profile(args.params, _overrides(args.set))
+    _use_threads(profile)
     name = "base" if args.start == "base" else Path(args.start).resolve().parent.name
     out = Path(args.out).resolve() if args.out else _outputs_root(args) / profile.name / "rlvr" / f"{name}_s{args.seed}"
     metrics = runs.execute_rlvr(profile, args.start, out, models_root=_outputs_root(args) / "models", seed=args.seed)
@@ -132,6 +142,7 @@ def cmd_rlvr(args) -> int:
 def cmd_diagnose(args) -> int:
 
     profile = load_profile(args.params, _overrides(args.set))
+    _use_threads(profile)
     ckpt = Path(args.checkpoint)
     if not (ckpt / "config.json").exists():
         raise ConfigError(f"checkpoint {str(ckpt)!r}: no config.json there (give a checkpoint directory)")

@@ -132,6 +132,10 @@ def test_beyond_profile_runs_everything_on_the_quick_models():
     # coverage: pass@1..10 from >= 20 samples, on the task and the harder variant, along the spectrum
     assert beyond.eval.pass_ks == list(range(1, 11)) and beyond.eval.pass_n >= 20
     assert beyond.eval.harder == ["countdown-4"] and beyond.eval.harder_pass  # countdown-4e: at the floor
+    # greedy accuracy on enough problems that the evaluation's noise does not swamp the seeds'
+    # (docs/calibration.md 34), in every study with replicates
+    assert beyond.eval.n_test >= 2000 and all(companion_profile(beyond, s).eval.n_test >= 2000
+                                              for s in beyond.companions if s != "search")
     assert {c.lam for c in expand_grid(beyond)} >= {-1.0, -0.5, 0.0, 0.5, 1.0}
     # RLVR on countdown-4 from off/on x forward/reverse x both rates (and the base), 300 steps
     starts = rlvr_starts(beyond)
@@ -197,7 +201,7 @@ def test_pass_curves_are_seed_means_per_lambda():
     assert row["n"] == 4 and row["mean"] == pytest.approx(expected, abs=1e-12)
 
 
-def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants(tmp_path):
+def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants(tmp_path, monkeypatch):
     """On the shipped quick student (weak but not at zero): every k of eval.pass_ks on countdown-3
     and countdown-4e, equal to pass_at_ks on the same problems, samples and seed."""
     from kdlab.evaluation.evaluate import pass_at_ks
@@ -222,6 +226,16 @@ def test_evaluate_model_records_pass_at_k_on_the_task_and_the_harder_variants(tm
         assert got == [expected[k] for k in (1, 3, 6)]
         assert got[0] <= got[1] <= got[2] <= 1
     assert out["pass_at_6"] > 0  # the shipped student solves some countdown-3 problems
+    # eval.n_harder: the harder variant's greedy accuracy on its own number of problems (default n_test)
+    from kdlab.study import materials
+    asked, real = [], materials.test_set
+    monkeypatch.setattr(materials, "test_set", lambda prof, name, n: (asked.append((name, n)), real(prof, name, n))[1])
+    for n_harder, n in ((None, 12), (5, 5)):
+        asked.clear()
+        over = {"eval.harder": ["countdown-4e"], "eval.n_probe": 1, "eval.n_test": 12, "eval.pass_problems": 2,
+                "eval.pass_n": 2, "eval.pass_ks": [1], "eval.n_harder": n_harder}
+        evaluate_model(model, load_profile(TINY_BEYOND, over), "countdown-3")
+        assert asked == [("countdown-3", 12), ("countdown-4e", n)]
 
 
 # --------------------------------------------------------------------------------- end to end

@@ -332,3 +332,42 @@ def test_teacher_hidden_states_need_a_full_vocabulary_kl():
 
     with pytest.raises(ConfigError, match="teacher_hidden: .* kl 'jsd' needs the teacher's logits"):
         cell(kl="jsd", teacher_hidden=True)
+
+
+def test_lambda_mixture_reuses_its_rollouts_teacher_logits(setup, monkeypatch):
+    """A lambda-mixture rollout returns the teacher's logits at every sampled step, equal to the
+    teacher's response logits of the sampled tokens; a lambda run that trains on them takes the
+    same steps as one that runs the teacher again (float rounding of the KV-cached decode), and
+    its steps never run the teacher (only the rollout does); OnPD keeps none."""
+    import kdlab.engine.distill as D
+    from kdlab.engine.batching import pad_left, pad_right, response_logits
+    from kdlab.engine.data import prompt_ids
+    from kdlab.engine.rollout import sample
+
+    task, pool, _, _ = setup
+    teacher = build_model("llama", "nano", seed=1).eval()  # fp32: the comparison is of float rounding only
+    student = build_model("llama", "nano", seed=0).eval()
+    prompts = [prompt_ids(p.prompt) for p in pool.problems[:6]]
+    g = torch.Generator().manual_seed(3)
+    ro = sample(student, prompts, task.max_new_tokens, lam=0.5, teacher=teacher, generator=g, keep_teacher_logits=True)
+    assert ro.teacher_logits is not None and ro.teacher_logits.shape[:2] == ro.tokens.shape
+    p, pm = pad_left(prompts)
+    with torch.no_grad():
+        ref = response_logits(teacher, p, pm, ro.tokens, ro.mask)  # (B, R, V)
+    m = ro.mask
+    torch.testing.assert_close(ro.teacher_logits[m], ref[m][:, :ro.teacher_logits.shape[-1]], atol=1e-4, rtol=1e-4)
+    assert sample(student, prompts, 8, lam=1.0, teacher=teacher, keep_teacher_logits=True).teacher_logits is None
+    assert sample(student, prompts, 8, lam=0.5, teacher=teacher).teacher_logits is None
+
+    calls = []
+    real = D.response_logits
+    monkeypatch.setattr(D, "response_logits", lambda model, *a, **k: (calls.append(model is teacher), real(model, *a, **k))[1])
+    cfg = cell(steps=3, batch_size=4, lr=1e-3, policy="lambda", lam=0.0, kl="forward")
+    reused = distill(build_model("llama", "nano", seed=0), teacher, task, cfg, pool=pool, progress=False)
+    assert calls and not any(calls)  # only the student's logits were computed in the steps
+    monkeypatch.setattr(D, "REUSE_ROLLOUT_TEACHER", False)
+    calls.clear()
+    again = distill(build_model("llama", "nano", seed=0), teacher, task, cfg, pool=pool, progress=False)
+    assert any(calls)
+    for key in ("loss", "forward_kl", "reverse_kl", "grad_norm"):
+        assert [h[key] for h in reused.history] == pytest.approx([h[key] for h in again.history], rel=1e-4, abs=1e-6)

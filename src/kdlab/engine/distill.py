@@ -6,7 +6,8 @@ is the ``codec`` (``kdlab.models.codec``: prompt rendering, pad and stop ids, vo
 
 The run samples training sequences under its rollout policy (OffPD: a cached pool of teacher
 rollouts; OnPD: fresh student rollouts every step; lambda: fresh pi_lambda rollouts), scores
-every response position with the frozen teacher over the full vocabulary, and takes one AdamW
+every response position with the frozen teacher over the full vocabulary (a lambda mixture reads
+the teacher logits its rollout sampled from, rather than running the teacher twice), and takes one AdamW
 step on the token mean of the chosen KL over the whole batch, in micro-batches when asked
 (gradient accumulation, each micro-batch weighted by its share of the batch's tokens, so the
 update is that of the whole batch). Parameters are bf16 with no fp32 master copy by default (an
@@ -123,6 +124,7 @@ def _step(student: torch.nn.Module, batch: dict[str, torch.Tensor], t_logits_of:
     return sums
 
 
+REUSE_ROLLOUT_TEACHER = True  # a lambda-mixture step reads the rollout's teacher logits (False: runs the teacher again)
 DIAGNOSIS_MAX_VOCAB = 1024  # vocabularies up to this size record the diagnosis (kdlab.core.answer)
 
 
@@ -204,6 +206,11 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                                     [codec.prompt(tp(p), teacher_system) for p in offpd[0]], codec, cfg.teacher_hidden)
         if offpd_teacher_logits is not None:  # the whole pool's, computed once for every run on it
             cache.preload(offpd_teacher_logits)
+    # a lambda mixture ran the teacher at every sampled token: its logits there are the ones the loss
+    # compares with, so the step reuses them instead of a second teacher forward (not with hidden
+    # states, nor with micro-batches, which bound the (B, R, V) logits held at once)
+    reuse_teacher = (REUSE_ROLLOUT_TEACHER and cfg.policy != "off" and cfg.lam != 1.0 and not cfg.teacher_hidden
+                     and not cfg.micro_batch_size)
     history: list[dict[str, Any]] = []
     collapsed, collapse_step = False, None
     bar = tqdm(range(cfg.steps), desc=desc or cfg.run_id, disable=not progress or rank > 0, leave=False)
@@ -226,7 +233,7 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 ro = sample(work, s_prompts, max_new, lam=cfg.lam, teacher=teacher, teacher_prompts=t_prompts,
                             temperature=temp_s, teacher_temperature=temp_t, logratio_clip=cfg.logratio_clip,
                             plausibility_alpha=cfg.plausibility_alpha, generator=gen, codec=codec,
-                            stop_early=world == 1)
+                            stop_early=world == 1, keep_teacher_logits=reuse_teacher)
                 r, rm = ro.tokens, ro.mask
                 ent_sum, ent_n = _sum_over_ranks([float((ro.entropy * rm).sum()), float(rm.sum())], device)
                 entropy = ent_sum / max(ent_n, 1.0)
@@ -236,6 +243,9 @@ def distill(student: torch.nn.Module, teacher: torch.nn.Module, task: Task, cfg:
                 cached, hits = cache.batch(idx, r.shape[1])  # (B, R, V), or (B, R, d) hidden states
                 extra["teacher_cached"] = hits / len(idx)
                 t_logits_of = lambda i, j: cached[i:j]  # noqa: E731
+            elif reuse_teacher:
+                kept = ro.teacher_logits  # (B, R, V): the teacher's logits the mixture was sampled from
+                t_logits_of = lambda i, j: kept[i:j]  # noqa: E731
             else:
                 tpids, tpm = pad_left(t_prompts, codec.pad_id)
 

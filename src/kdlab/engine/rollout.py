@@ -27,11 +27,14 @@ CUDA_GRAPHS = True  # decode steps on a GPU replayed as CUDA graphs (False: the 
 @dataclass
 class Rollout:
     """Sampled responses. tokens/mask: (B, R); mask is True up to and including </s>.
-    entropy: (B, R) float32 entropy (nats) of the sampling distribution at each step."""
+    entropy: (B, R) float32 entropy (nats) of the sampling distribution at each step.
+    teacher_logits: (B, R, V) float32, the teacher's logits at each step before its temperature
+    (``sample(..., keep_teacher_logits=True)`` with a teacher in the mixture), on the models' device; else None."""
 
     tokens: torch.Tensor
     mask: torch.Tensor
     entropy: torch.Tensor
+    teacher_logits: torch.Tensor | None = None
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -344,7 +347,8 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
            temperature: float = 1.0, greedy: bool = False, logratio_clip: float | None = None,
            plausibility_alpha: float | None = None, generator: torch.Generator | None = None,
            pad_id: int = PAD_ID, eos_id: int | Sequence[int] = EOS_ID, vocab_size: int | None = None,
-           codec=None, stop_early: bool = True, teacher_temperature: float | None = None) -> Rollout:
+           codec=None, stop_early: bool = True, teacher_temperature: float | None = None,
+           keep_teacher_logits: bool = False) -> Rollout:
     """Sample one response per prompt under pi_lambda, on the models' device.
 
     ``student_prompts`` / ``teacher_prompts`` are token-id lists (with <s>); teacher prompts
@@ -355,7 +359,10 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     ids. ``codec`` (``kdlab.models.codec``) gives all three at once; the defaults are kdlab's char
     tokenizer's. ``generator``: on the models' device or on the CPU. ``stop_early``: stop once
     every row has stopped (off under FSDP, where every rank runs the same number of forwards).
-    The rollout comes back on the CPU.
+    ``keep_teacher_logits``: also return the teacher's logits at every step (``Rollout.teacher_logits``,
+    when the teacher takes part, lam != 1): the next-token distributions a distillation loss compares
+    with, so a lambda-mixture step need not run the teacher again. The tokens, mask and entropy
+    come back on the CPU.
     """
     if codec is not None:
         pad_id, eos_id, vocab_size = codec.pad_id, codec.stop_ids, codec.vocab_size
@@ -391,7 +398,8 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
         steppers["t"] = _stepper(teacher, teacher_prompts, max_new_tokens, pad_id, vocab_size)
     B = len(student_prompts)
     done = torch.zeros(B, dtype=torch.bool, device=device)
-    toks, ents, alive = [], [], []
+    toks, ents, alive, t_logits = [], [], [], []
+    keep = keep_teacher_logits and need_t
     temp = 1.0 if greedy else temperature
     t_temp = 1.0 if greedy else teacher_temperature
     for step in range(max_new_tokens):
@@ -402,6 +410,8 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
         tok = torch.where(done, torch.full_like(tok, pad_id), tok)
         alive.append(~done)
         toks.append(tok)
+        if keep:  # a copy: a CUDA-graphed stepper overwrites its output buffer at the next step
+            t_logits.append(steppers["t"].last.clone())
         ents.append(torch.where(done, torch.zeros_like(ent), ent))
         done = done | torch.isin(tok, stops)
         if step == max_new_tokens - 1 or (stop_early and (step + 1) % check_every == 0 and bool(done.all())):
@@ -411,7 +421,9 @@ def sample(student: torch.nn.Module | None, student_prompts: list[list[int]], ma
     tokens = torch.stack(toks, 1).cpu()  # (B, R)
     mask = torch.stack(alive, 1).cpu()  # sampled tokens up to and including the first stop
     entropy = torch.stack(ents, 1).cpu()
+    kept = torch.stack(t_logits, 1) if keep else None  # (B, R, V)
     if stop_early and check_every > 1:  # cut the columns decoded after every row had stopped
         width = int(mask.any(0).nonzero().max()) + 1 if bool(mask.any()) else 1
         tokens, mask, entropy = tokens[:, :width], mask[:, :width], entropy[:, :width]
-    return Rollout(tokens=tokens, mask=mask, entropy=entropy)
+        kept = kept[:, :width] if kept is not None else None
+    return Rollout(tokens=tokens, mask=mask, entropy=entropy, teacher_logits=kept)

@@ -96,6 +96,9 @@ class EvalSpec:
                             doc="the k of the recorded pass@k (pass_at_<k>); those above pass_n are skipped")
     temperature: float = _f(1.0, lo=1e-3, hi=10.0)
     harder: list[str] = _f(factory=list, doc="harder variants evaluated too (e.g. countdown-4e)")
+    n_harder: int | None = _f(None, lo=1, bound="problems",
+                              doc="held-out problems per harder variant (greedy; pass@k on the first pass_problems); "
+                                  "null: n_test")
     harder_pass: bool = _f(False, doc="also record pass@k (<variant>_pass_at_<k>) on the harder variants")
 
 

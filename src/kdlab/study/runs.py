@@ -60,7 +60,8 @@ def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, see
 
     Keys: ``accuracy`` (greedy pass@1 on ``eval.n_test`` test problems), ``pass_at_<k>`` for each
     k of ``eval.pass_ks`` up to ``eval.pass_n`` (unbiased estimator from ``pass_n`` samples on the
-    first ``pass_problems`` of them), per harder variant ``<variant>_accuracy`` and, with
+    first ``pass_problems`` of them), per harder variant ``<variant>_accuracy`` (on ``eval.n_harder``
+    problems, default ``n_test``) and, with
     ``eval.harder_pass``, ``<variant>_pass_at_<k>``; ``probe_<name>`` for each member of the
     forgetting set (``kdlab.study.materials.forgetting_sets``: the toy probes or the benchmark files)
     and ``probe_mean``."""
@@ -75,7 +76,7 @@ def evaluate_model(model: torch.nn.Module, profile: Profile, task_name: str, see
         out[f"pass_at_{k}"] = v
     for h in ev.harder:
         if h != task_name and task_name.startswith("countdown"):
-            ht, hard_test = materials.test_set(profile, h, ev.n_test)
+            ht, hard_test = materials.test_set(profile, h, ev.n_test if ev.n_harder is None else ev.n_harder)
             out[f"{h}_accuracy"] = accuracy(model, ht, hard_test, codec=codec)
             if ev.harder_pass:
                 hk = pass_at_ks(model, ht, hard_test[:ev.pass_problems], n=ev.pass_n, ks=ks,
